@@ -1,0 +1,16 @@
+//! Exit codes. 0 and 7 mean what they mean in nccl-tests, so CI gates written for nccl-tests
+//! keep working; the others are ours and documented in the README.
+
+/// Every check passed.
+pub const OK: i32 = 0;
+/// Something failed that is none of the below (an internal error, an I/O error on output).
+pub const INTERNAL: i32 = 1;
+/// Bad command line or environment: nothing was run.
+pub const USAGE: i32 = 2;
+/// A peer rank failed or went away (connection closed, abort raised by the launcher or by
+/// another rank).
+pub const PEER_FAILURE: i32 = 3;
+/// A wait ran past `-T` without progress (nccl-tests uses 4 for its timeout too).
+pub const TIMEOUT: i32 = 4;
+/// Wrong data (`#wrong` > 0) or average bus bandwidth under the `--min-busbw` gate.
+pub const WRONG_RESULTS: i32 = 7;

@@ -1,0 +1,258 @@
+//! The sweep, timed and checked as nccl-tests does it (its `TimeTest`/`BenchTime`):
+//! per (type, op): a barrier, one warmup pass over doubling sizes, then per size and
+//! placement (out-of-place, then in-place): data init, one untimed op, a barrier, the timed
+//! loop on the host clock with buffer-offset rotation, per-rank times combined across ranks,
+//! and validation after timing.
+
+use crate::plan::{Average, Plan};
+use crate::specs::{Counts, DataCtx};
+use anyhow::{Context, Result};
+use busbw_collectives::verifiable::count_wrong;
+use busbw_collectives::{all_reduce_values, barrier, Communicator, HostBuffer, ReduceOp};
+use busbw_reports::{Cell, Row, Sink};
+use std::time::Instant;
+
+/// What the footer needs.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Result cells (size × placement × rank) with at least one wrong element.
+    pub out_of_bounds: u64,
+    pub busbw_sum: f64,
+    pub busbw_cells: u64,
+}
+
+impl Summary {
+    /// Mean of every printed busbw value, as nccl-tests' "Avg bus bandwidth".
+    pub fn avg_busbw(&self) -> f64 {
+        if self.busbw_cells == 0 {
+            0.0
+        } else {
+            self.busbw_sum / self.busbw_cells as f64
+        }
+    }
+}
+
+struct Buffers {
+    send: HostBuffer,
+    recv: HostBuffer,
+    expected: Option<HostBuffer>,
+}
+
+fn alloc(bytes: usize, what: &str, rank: usize) -> Result<HostBuffer> {
+    HostBuffer::new(bytes).with_context(|| {
+        format!("rank {rank}: cannot allocate {bytes} bytes for the {what} buffer; lower -e")
+    })
+}
+
+pub fn run(
+    comm: &mut Communicator,
+    plan: &Plan,
+    mut sink: Option<&mut dyn Sink>,
+) -> Result<Summary> {
+    let rank = comm.rank();
+    let n = comm.size();
+    let spec = plan.spec;
+    // Largest buffers any row of any type needs.
+    let mut max_send = 0;
+    let mut max_recv = 0;
+    for &d in &plan.dtypes {
+        for &s in plan.sizes.iter().chain(&plan.warmup_sizes) {
+            let c = (spec.counts)(s, d, n);
+            max_send = max_send.max(c.send_bytes);
+            max_recv = max_recv.max(c.recv_bytes);
+        }
+    }
+    let mut bufs = Buffers {
+        send: alloc(max_send, "send", rank)?,
+        recv: alloc(max_recv, "receive", rank)?,
+        expected: if plan.check > 0 {
+            Some(alloc(max_recv, "expected-result", rank)?)
+        } else {
+            None
+        },
+    };
+    let mut summary = Summary::default();
+    let mut seed = 0u64;
+
+    for &dtype in &plan.dtypes {
+        for &op in &plan.ops {
+            barrier(comm).context("barrier before the sweep")?;
+            for &size in &plan.warmup_sizes {
+                let counts = (spec.counts)(size, dtype, n);
+                let ctx = DataCtx {
+                    dtype,
+                    op,
+                    seed: 0,
+                    rank,
+                    nranks: n,
+                    counts,
+                    in_place: false,
+                };
+                for _ in 0..plan.warmup_iters {
+                    (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &ctx)
+                        .with_context(|| format!("warmup at {size} bytes"))?;
+                }
+            }
+            let mut cycle = 0;
+            while plan.cycles == 0 || cycle < plan.cycles {
+                cycle += 1;
+                for &size in &plan.sizes {
+                    let counts = (spec.counts)(size, dtype, n);
+                    let mut cells = [None, None];
+                    for (i, in_place) in [false, true].into_iter().enumerate() {
+                        let ctx = DataCtx {
+                            dtype,
+                            op,
+                            seed: 99,
+                            rank,
+                            nranks: n,
+                            counts,
+                            in_place,
+                        };
+                        let cell = bench(comm, plan, &ctx, &mut bufs, &mut seed, &mut summary)
+                            .with_context(|| {
+                                format!(
+                                    "{} {dtype} {op} at {} bytes ({})",
+                                    spec.program,
+                                    counts.size(),
+                                    if in_place { "in-place" } else { "out-of-place" }
+                                )
+                            })?;
+                        summary.busbw_sum += cell.busbw;
+                        summary.busbw_cells += 1;
+                        cells[i] = Some(cell);
+                    }
+                    if let (Some(sink), [Some(oop), Some(ip)]) = (sink.as_deref_mut(), cells) {
+                        sink.row(&Row {
+                            size: counts.size() as u64,
+                            count: counts.count as u64,
+                            dtype: dtype.name().into(),
+                            redop: if spec.reduces {
+                                op.name().into()
+                            } else {
+                                "none".into()
+                            },
+                            root: -1,
+                            out_of_place: oop,
+                            in_place: ip,
+                        })
+                        .context("writing the result table")?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(summary)
+}
+
+fn bench(
+    comm: &mut Communicator,
+    plan: &Plan,
+    ctx: &DataCtx,
+    bufs: &mut Buffers,
+    seed: &mut u64,
+    summary: &mut Summary,
+) -> Result<Cell> {
+    let spec = plan.spec;
+    let n = comm.size();
+    let Counts {
+        send_bytes,
+        recv_bytes,
+        ..
+    } = ctx.counts;
+    if plan.check > 0 {
+        (spec.init)(
+            ctx,
+            bufs.send.as_mut_slice(),
+            bufs.recv.as_mut_slice(),
+            None,
+        );
+    }
+    // One untimed op (connections, page faults, caches), then line everyone up.
+    (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), ctx)?;
+    barrier(comm)?;
+
+    // Rotate the buffer offset across iterations, as nccl-tests does, so that small sizes
+    // do not run from cache and pointer-reuse races would surface.
+    let span = send_bytes.max(recv_bytes);
+    let shifts = bufs
+        .send
+        .len()
+        .max(bufs.recv.len())
+        .checked_div(span)
+        .unwrap_or(1)
+        .max(1);
+    let total_ops = plan.iters as usize * plan.agg_iters as usize;
+    let start = Instant::now();
+    for k in 0..total_ops {
+        let off = span * (k % shifts);
+        let send = bufs.send.as_slice();
+        let s = &send[off.min(send.len().saturating_sub(send_bytes))..];
+        let recv = bufs.recv.as_mut_slice();
+        let roff = off.min(recv.len().saturating_sub(recv_bytes));
+        (spec.run)(comm, s, &mut recv[roff..], ctx)?;
+    }
+    let mut secs = [start.elapsed().as_secs_f64() / total_ops as f64];
+    match plan.average {
+        Average::Rank0 => {}
+        Average::Mean => {
+            all_reduce_values(comm, &mut secs, ReduceOp::Sum)?;
+            secs[0] /= n as f64;
+        }
+        Average::Min => all_reduce_values(comm, &mut secs, ReduceOp::Min)?,
+        Average::Max => all_reduce_values(comm, &mut secs, ReduceOp::Max)?,
+    }
+    let t = secs[0];
+    let algbw = if t > 0.0 {
+        (spec.alg_bytes)(&ctx.counts, n) / 1e9 / t
+    } else {
+        0.0
+    };
+    let busbw = algbw * (spec.busbw_factor)(n);
+
+    let wrong = if plan.check > 0 {
+        let mut local = 0u64;
+        for _ in 0..plan.check {
+            *seed += 1;
+            let vctx = DataCtx {
+                seed: *seed,
+                ..*ctx
+            };
+            bufs.recv.as_mut_slice()[..recv_bytes].fill(0);
+            let expected = bufs.expected.as_mut().map(|e| e.as_mut_slice());
+            (spec.init)(
+                &vctx,
+                bufs.send.as_mut_slice(),
+                bufs.recv.as_mut_slice(),
+                expected,
+            );
+            (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &vctx)?;
+            if plan.corrupt_rank == Some(ctx.rank) && recv_bytes > 0 {
+                bufs.recv.as_mut_slice()[0] ^= 0x01;
+            }
+            if let Some(e) = &bufs.expected {
+                local = count_wrong(
+                    ctx.dtype,
+                    ctx.op,
+                    &bufs.recv.as_slice()[..recv_bytes],
+                    &e.as_slice()[..recv_bytes],
+                );
+            }
+            if local > 0 {
+                break;
+            }
+        }
+        let mut totals = [local, u64::from(local > 0)];
+        all_reduce_values(comm, &mut totals, ReduceOp::Sum)?;
+        summary.out_of_bounds += totals[1];
+        Some(totals[0])
+    } else {
+        None
+    };
+    Ok(Cell {
+        time_us: t * 1e6,
+        algbw,
+        busbw,
+        wrong,
+    })
+}

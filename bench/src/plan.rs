@@ -1,0 +1,152 @@
+//! From flags to a checked plan. Everything a user can get wrong is caught here, before any
+//! rank connects, with a message that says what to change.
+
+use crate::cli::{Choice, PerfArgs};
+use crate::sizes;
+use crate::specs::CollectiveSpec;
+use busbw_collectives::{DataType, ReduceOp};
+use busbw_reports::Step;
+use std::time::Duration;
+
+/// How per-rank times become the printed time (nccl-tests `-a`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Average {
+    Rank0,
+    Mean,
+    Min,
+    Max,
+}
+
+#[derive(Debug)]
+pub struct Plan {
+    pub spec: &'static CollectiveSpec,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub step: Step,
+    pub sizes: Vec<u64>,
+    pub warmup_sizes: Vec<u64>,
+    pub iters: u32,
+    pub warmup_iters: u32,
+    pub agg_iters: u32,
+    pub check: u32,
+    pub dtypes: Vec<DataType>,
+    pub ops: Vec<ReduceOp>,
+    pub average: Average,
+    /// 0: repeat until interrupted.
+    pub cycles: u32,
+    pub timeout: Duration,
+    pub min_busbw: Option<f64>,
+    pub corrupt_rank: Option<usize>,
+}
+
+impl std::fmt::Debug for CollectiveSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.program)
+    }
+}
+
+impl Plan {
+    pub fn new(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, String> {
+        if a.min_bytes > a.max_bytes {
+            return Err(format!(
+                "-b {} is larger than -e {}: the smallest size must not exceed the largest",
+                a.min_bytes, a.max_bytes
+            ));
+        }
+        if a.step_factor == 0 {
+            return Err("-f 0 is invalid: use 1 for additive steps (-i) or > 1 to multiply".into());
+        }
+        if a.step_factor <= 1 && a.step_bytes == 0 {
+            return Err(
+                "-i 0 with -f 1 never advances the size (the sweep would not end): give -i > 0 or -f > 1".into(),
+            );
+        }
+        if a.step_factor > 1 && a.min_bytes == 0 && a.max_bytes > 0 {
+            return Err("-b 0 with -f > 1 never grows: start the sweep at -b 1 or more".into());
+        }
+        if a.iters == 0 {
+            return Err("-n 0: at least one timed iteration is needed".into());
+        }
+        if a.agg_iters == 0 {
+            return Err("-m 0: at least one operation per iteration is needed".into());
+        }
+        if a.nthreads != 1 || a.ngpus != 1 {
+            return Err(format!(
+                "-t {} -g {}: busbw runs one rank per process; use --np (or your launcher) for more ranks",
+                a.nthreads, a.ngpus
+            ));
+        }
+        if a.np == 0 {
+            return Err("--np 0: at least one rank is needed".into());
+        }
+        if let Some(bw) = a.min_busbw {
+            if !bw.is_finite() || bw < 0.0 {
+                return Err(format!(
+                    "--min-busbw / NCCL_TESTS_MIN_BW = {bw} must be a non-negative number of GB/s"
+                ));
+            }
+        }
+        let sizes = sizes::sweep(a.min_bytes, a.max_bytes, a.step_bytes, a.step_factor);
+        let step = if a.step_factor > 1 {
+            Step::Factor(a.step_factor)
+        } else {
+            Step::Bytes(a.step_bytes)
+        };
+        let dtypes = match &a.dtype {
+            Choice::All => DataType::ALL.to_vec(),
+            Choice::One(d) => vec![*d],
+        };
+        let ops = match (&a.op, spec.reduces) {
+            (_, false) => vec![ReduceOp::Sum],
+            (Choice::All, true) => ReduceOp::ALL.to_vec(),
+            (Choice::One(o), true) => vec![*o],
+        };
+        let average = match a.average {
+            0 => Average::Rank0,
+            2 => Average::Min,
+            3 => Average::Max,
+            _ => Average::Mean,
+        };
+        let timeout = Duration::from_secs(if a.timeout == 0 { 300 } else { a.timeout });
+        Ok(Plan {
+            spec,
+            min_bytes: a.min_bytes,
+            max_bytes: a.max_bytes,
+            step,
+            warmup_sizes: sizes::warmup_sizes(a.min_bytes, a.max_bytes),
+            sizes,
+            iters: a.iters,
+            warmup_iters: a.warmup_iters,
+            agg_iters: a.agg_iters,
+            check: a.check,
+            dtypes,
+            ops,
+            average,
+            cycles: a.run_cycles,
+            timeout,
+            min_busbw: a.min_busbw,
+            corrupt_rank: a.debug_corrupt_rank,
+        })
+    }
+
+    /// What every rank must agree on; compared at rendezvous so that ranks started with
+    /// different flags (or binaries) fail at once instead of deadlocking mid-sweep.
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {:?} {}",
+            env!("CARGO_PKG_VERSION"),
+            self.spec,
+            self.min_bytes,
+            self.max_bytes,
+            self.step,
+            self.iters,
+            self.warmup_iters,
+            self.agg_iters,
+            self.check,
+            self.dtypes,
+            self.ops,
+            self.average,
+            self.cycles
+        )
+    }
+}

@@ -1,0 +1,253 @@
+//! One rank's membership in a job: rendezvous, configuration agreement, transport and
+//! communicator. Everything here that waits is bounded by `-T`.
+
+use crate::plan::Plan;
+use anyhow::{bail, Context, Result};
+use busbw_collectives::{CommConfig, Communicator};
+use busbw_launchers::{rendezvous, Rendezvous, World};
+use busbw_reports::DeviceInfo;
+use busbw_transports::inproc::InprocTransport;
+use busbw_transports::tcp::{TcpConfig, TcpTransport};
+use busbw_transports::{Abort, Handle, Identity, Transport};
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+
+pub struct Session {
+    pub comm: Communicator,
+    pub rdv: Option<Rendezvous>,
+    pub abort: Abort,
+    /// Every rank's device line, on rank 0 only.
+    pub devices: Vec<DeviceInfo>,
+    pub transport_name: &'static str,
+}
+
+fn device_name(transport: &str) -> String {
+    format!("host memory via {transport}")
+}
+
+fn device_info(
+    rank: usize,
+    pid: u32,
+    hostname: &str,
+    local_rank: usize,
+    transport: &str,
+) -> DeviceInfo {
+    DeviceInfo {
+        rank,
+        group: 0,
+        pid,
+        hostname: hostname.to_string(),
+        device: local_rank as i32,
+        pci: "0000:00:00".into(),
+        name: device_name(transport),
+    }
+}
+
+/// The address peers should use to reach this host: loopback when the job is local, else
+/// the address of the interface that routes to the store host (no packet is sent).
+fn local_address(world: &World) -> Result<(IpAddr, Option<IpAddr>)> {
+    let target = format!("{}:{}", world.master_addr, world.master_port.max(1));
+    let addrs: Vec<_> = target
+        .to_socket_addrs()
+        .with_context(|| format!("resolving MASTER_ADDR {}", world.master_addr))?
+        .collect();
+    if addrs.iter().any(|a| a.ip().is_loopback()) {
+        return Ok((IpAddr::V4(Ipv4Addr::LOCALHOST), None));
+    }
+    let first = addrs
+        .first()
+        .with_context(|| format!("MASTER_ADDR {} resolves to no address", world.master_addr))?;
+    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    sock.connect(first)
+        .with_context(|| format!("finding the interface that routes to {first}"))?;
+    let ip = sock.local_addr()?.ip();
+    Ok((IpAddr::V4(Ipv4Addr::UNSPECIFIED), Some(ip)))
+}
+
+fn job_token() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (std::process::id() as u64).rotate_left(32) ^ 0x6275_7362_7700_0000
+}
+
+fn parse_u64(bytes: &[u8], what: &str) -> Result<u64> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .with_context(|| format!("malformed {what} in the rendezvous store"))
+}
+
+impl Session {
+    /// A one-rank job in this process: no store, no sockets.
+    pub fn single(world: World, plan: &Plan) -> Result<Session> {
+        let abort = Abort::new();
+        let t = InprocTransport::new(Identity { job: 0, rank: 0 });
+        let (h, l) = t.listen()?;
+        let comm = Communicator::new(Box::new(t), l, vec![h], comm_config(plan, &abort))?;
+        let devices = vec![device_info(
+            0,
+            std::process::id(),
+            &world.hostname,
+            world.local_rank,
+            "inproc",
+        )];
+        Ok(Session {
+            comm,
+            rdv: None,
+            abort,
+            devices,
+            transport_name: "inproc",
+        })
+    }
+
+    /// Join a multi-rank job. `rdv` is created by the caller so that it can post an abort
+    /// if anything here fails.
+    pub fn join(world: World, rdv: Rendezvous, plan: &Plan) -> Result<Session> {
+        match Self::join_inner(&world, &rdv, plan) {
+            Ok((comm, devices, abort)) => Ok(Session {
+                comm,
+                rdv: Some(rdv),
+                abort,
+                devices,
+                transport_name: "tcp",
+            }),
+            Err(e) => {
+                let _ = rdv.post_abort(&format!(
+                    "rank {} on {} failed to join: {e:#}",
+                    world.rank, world.hostname
+                ));
+                Err(e)
+            }
+        }
+    }
+
+    fn join_inner(
+        world: &World,
+        rdv: &Rendezvous,
+        plan: &Plan,
+    ) -> Result<(Communicator, Vec<DeviceInfo>, Abort)> {
+        let store = &rdv.store;
+        let (rank, size, timeout) = (world.rank, world.size, plan.timeout);
+        let all = |prefix: &str| {
+            (0..size)
+                .map(|r| format!("{prefix}/{r}"))
+                .collect::<Vec<_>>()
+        };
+
+        // Configuration agreement: the same flags and the same busbw everywhere.
+        store.set(&format!("plan/{rank}"), plan.fingerprint().as_bytes())?;
+        if rank == 0 {
+            store.set("job", job_token().to_string().as_bytes())?;
+        }
+        let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?;
+
+        let (bind, advertise) = local_address(world)?;
+        let transport = TcpTransport::new(
+            Identity {
+                job,
+                rank: rank as u32,
+            },
+            TcpConfig {
+                bind,
+                advertise,
+                ..TcpConfig::default()
+            },
+        );
+        let (handle, listener) = transport.listen().context("opening the data listener")?;
+        store.set(&format!("handle/{rank}"), &handle.0)?;
+        let info = format!(
+            "{}\t{}\t{}",
+            world.hostname,
+            std::process::id(),
+            world.local_rank
+        );
+        store.set(&format!("info/{rank}"), info.as_bytes())?;
+
+        let plan_keys = all("plan");
+        let plans = store
+            .wait(
+                &plan_keys.iter().map(String::as_str).collect::<Vec<_>>(),
+                timeout,
+            )
+            .context("waiting for every rank to publish its configuration")?;
+        let mine = plan.fingerprint();
+        let differ: Vec<usize> = plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.as_slice() != mine.as_bytes())
+            .map(|(r, _)| r)
+            .collect();
+        if !differ.is_empty() {
+            bail!(
+                "ranks {differ:?} run with different flags or another busbw version than rank {rank}; \
+                 start every rank with the same command line and binary"
+            );
+        }
+
+        let handle_keys = all("handle");
+        let handles = store
+            .wait(
+                &handle_keys.iter().map(String::as_str).collect::<Vec<_>>(),
+                timeout,
+            )
+            .context("waiting for every rank's connection handle")?
+            .into_iter()
+            .map(Handle)
+            .collect();
+
+        let mut devices = Vec::new();
+        if rank == 0 {
+            let info_keys = all("info");
+            let infos = store.wait(
+                &info_keys.iter().map(String::as_str).collect::<Vec<_>>(),
+                timeout,
+            )?;
+            for (r, raw) in infos.iter().enumerate() {
+                let text = String::from_utf8_lossy(raw);
+                let mut f = text.split('\t');
+                let host = f.next().unwrap_or("?").to_string();
+                let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                devices.push(device_info(r, pid, &host, local, "tcp"));
+            }
+        }
+
+        let abort = Abort::new();
+        rdv.watch_abort(abort.clone())?;
+        let mut comm = Communicator::new(
+            Box::new(transport),
+            listener,
+            handles,
+            comm_config(plan, &abort),
+        )?;
+        comm.connect_ring()?;
+        Ok((comm, devices, abort))
+    }
+
+    /// Check out of the job (rank 0 keeps serving the store until everyone has).
+    pub fn finish(&self) -> Result<()> {
+        if let Some(r) = &self.rdv {
+            r.finish()?;
+        }
+        Ok(())
+    }
+}
+
+/// Join a multi-rank job's rendezvous.
+pub fn join_rendezvous(world: &World, plan: &Plan) -> Result<Rendezvous> {
+    rendezvous(world, plan.timeout).with_context(|| {
+        format!(
+            "joining the rendezvous store served by rank 0 at {}:{}",
+            world.master_addr, world.master_port
+        )
+    })
+}
+
+fn comm_config(plan: &Plan, abort: &Abort) -> CommConfig {
+    CommConfig {
+        timeout: plan.timeout,
+        abort: abort.clone(),
+        ..CommConfig::default()
+    }
+}

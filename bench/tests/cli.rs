@@ -1,0 +1,547 @@
+//! The real binary, end to end: local ranks over TCP loopback, the table, exit codes, bad
+//! input, and failures of a rank.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn busbw() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_busbw"));
+    // The tests must not inherit a launcher environment or a bandwidth gate from the shell.
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NCCL_TESTS_MIN_BW",
+        "BUSBW_STORE_FD",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    busbw().args(args).output().expect("run busbw")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// One parsed data row of the table.
+#[derive(Debug)]
+struct Row {
+    size: u64,
+    count: u64,
+    dtype: String,
+    redop: String,
+    root: i64,
+    oop: [f64; 3],
+    oop_wrong: String,
+    ip: [f64; 3],
+    ip_wrong: String,
+}
+
+fn rows(stdout: &str) -> Vec<Row> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 13, "data row with 13 fields: {l:?}");
+            let num = |s: &str| {
+                s.parse::<f64>()
+                    .unwrap_or_else(|_| panic!("number in {l:?}"))
+            };
+            Row {
+                size: f[0].parse().unwrap(),
+                count: f[1].parse().unwrap(),
+                dtype: f[2].into(),
+                redop: f[3].into(),
+                root: f[4].parse().unwrap(),
+                oop: [num(f[5]), num(f[6]), num(f[7])],
+                oop_wrong: f[8].into(),
+                ip: [num(f[9]), num(f[10]), num(f[11])],
+                ip_wrong: f[12].into(),
+            }
+        })
+        .collect()
+}
+
+/// The sweep on `np` ranks validates and reports what nccl-tests would.
+fn sweep(np: usize, extra: &[&str]) {
+    let npa = np.to_string();
+    let mut args = vec![
+        "all_reduce_perf",
+        "--np",
+        &npa,
+        "-b",
+        "8",
+        "-e",
+        "256K",
+        "-f",
+        "8",
+        "-n",
+        "3",
+        "-T",
+        "60",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "np={np}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let devices = stdout.lines().filter(|l| l.starts_with("#  Rank ")).count();
+    assert_eq!(devices, np, "one device line per rank:\n{stdout}");
+    let rows = rows(&stdout);
+    let sizes: Vec<u64> = rows.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, vec![8, 64, 512, 4096, 32768, 262144], "{stdout}");
+    for r in &rows {
+        assert_eq!(r.count, r.size / 4);
+        assert_eq!(
+            (r.dtype.as_str(), r.redop.as_str(), r.root),
+            ("float", "sum", -1)
+        );
+        assert_eq!(
+            (r.oop_wrong.as_str(), r.ip_wrong.as_str()),
+            ("0", "0"),
+            "{stdout}"
+        );
+        for cell in [r.oop, r.ip] {
+            let [time, algbw, busbw] = cell;
+            assert!(time > 0.0, "{r:?}");
+            // busbw = algbw * 2(n-1)/n, within the rounding of the printed values.
+            let factor = 2.0 * (np as f64 - 1.0) / np as f64;
+            // Both printed values are rounded to 2 decimals (and ~3 significant digits).
+            let slack = 0.005 * factor + 0.005 + 0.01 * busbw;
+            assert!((busbw - algbw * factor).abs() <= slack, "{r:?}");
+        }
+    }
+    assert!(
+        stdout.contains("# Out of bounds values : 0 OK\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n# Avg bus bandwidth    : "), "{stdout}");
+    assert!(
+        stdout.ends_with("# Collective test concluded: all_reduce_perf\n#\n\n"),
+        "{stdout:?}"
+    );
+}
+
+#[test]
+fn one_rank_in_process() {
+    sweep(1, &[]);
+}
+
+#[test]
+fn two_ranks() {
+    sweep(2, &[]);
+}
+
+#[test]
+fn three_ranks() {
+    sweep(3, &[]);
+}
+
+#[test]
+fn four_ranks() {
+    sweep(4, &[]);
+}
+
+#[test]
+fn eight_ranks() {
+    sweep(8, &[]);
+}
+
+/// Header and footer lines to the byte (timings aside).
+#[test]
+fn table_format_is_nccl_tests() {
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-f",
+        "2",
+        "-n",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.split('\n').collect();
+    assert!(
+        lines[0].starts_with("# nccl-tests version 2.19.6 busbw-version="),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1], "# Collective test starting: all_reduce_perf");
+    assert_eq!(
+        lines[2],
+        "# nThread 1 nGpus 1 minBytes 1024 maxBytes 4096 step: 2(factor) warmup iters: 1 iters: 2 agg iters: 1 validation: 1 graph: 0 unalign: 0"
+    );
+    assert_eq!(lines[3], "#");
+    assert_eq!(lines[4], "# Using devices");
+    let host = busbw_host();
+    for (r, line) in lines[5..7].iter().enumerate() {
+        let prefix = format!("#  Rank {r:>2} Group  0 Pid ");
+        assert!(line.starts_with(&prefix), "{line}");
+        assert!(
+            line.contains(&format!(
+                " on {host:>10} device {r:>2} [0000:00:00] host memory via tcp"
+            )),
+            "{line}"
+        );
+    }
+    assert_eq!(lines[7], "#");
+    assert_eq!(lines[8], "#                                                              out-of-place                       in-place          ");
+    assert_eq!(lines[9], "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong ");
+    assert_eq!(lines[10], "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         ");
+    for (i, size) in [1024, 2048, 4096].iter().enumerate() {
+        let l = lines[11 + i];
+        assert_eq!(l.len(), 118, "data rows are fixed width: {l:?}");
+        assert_eq!(
+            &l[..52],
+            format!(
+                "{size:>12}  {:>12}  {:>8}  {:>6}  {:>6}",
+                size / 4,
+                "float",
+                "sum",
+                -1
+            )
+        );
+        assert_eq!(&l[l.len() - 8..], "       0");
+    }
+    assert_eq!(lines[14], "# Out of bounds values : 0 OK");
+    assert!(
+        lines[15].starts_with("# Avg bus bandwidth    : ") && lines[15].ends_with(' '),
+        "{:?}",
+        lines[15]
+    );
+    assert_eq!(
+        &lines[16..],
+        &[
+            "#",
+            "# Collective test concluded: all_reduce_perf",
+            "#",
+            "",
+            ""
+        ]
+    );
+}
+
+fn busbw_host() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc_gethostname(buf.as_mut_ptr(), buf.len()) };
+    assert_eq!(rc, 0);
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+extern "C" {
+    #[link_name = "gethostname"]
+    fn libc_gethostname(name: *mut u8, len: usize) -> i32;
+}
+
+#[test]
+fn every_dtype_and_op() {
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "3",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "-d",
+        "all",
+        "-o",
+        "all",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 8 * 5, "{stdout}");
+    let mut combos: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r.dtype.clone(), r.redop.clone()))
+        .collect();
+    combos.dedup();
+    assert_eq!(combos.len(), 40);
+    assert_eq!(combos[0], ("int8".into(), "sum".into()));
+    assert_eq!(combos[39], ("double".into(), "avg".into()));
+    assert!(
+        rows.iter().all(|r| r.oop_wrong == "0" && r.ip_wrong == "0"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_zero_prints_na() {
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "-c",
+        "0",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    let r = &rows(&stdout)[0];
+    assert_eq!((r.oop_wrong.as_str(), r.ip_wrong.as_str()), ("N/A", "N/A"));
+}
+
+/// The corruption hook must be caught: #wrong > 0, FAILED footer, exit code 7.
+#[test]
+fn corrupted_element_fails_with_exit_7() {
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "3",
+        "-b",
+        "64",
+        "-e",
+        "4K",
+        "-f",
+        "4",
+        "-n",
+        "1",
+        "--debug-corrupt-rank",
+        "1",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let rows = rows(&stdout);
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(
+            (r.oop_wrong.as_str(), r.ip_wrong.as_str()),
+            ("1", "1"),
+            "{stdout}"
+        );
+    }
+    let cells = rows.len() * 2;
+    assert!(
+        stdout.contains(&format!("# Out of bounds values : {cells} FAILED\n")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn min_busbw_gate_fails_with_exit_7() {
+    let out = busbw()
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "1",
+        ])
+        .env("NCCL_TESTS_MIN_BW", "100000")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}");
+    assert!(stdout.contains("# Out of bounds values : 0 OK\n"));
+    let avg = stdout
+        .lines()
+        .find(|l| l.starts_with("# Avg bus bandwidth"))
+        .unwrap();
+    assert!(avg.ends_with(" FAILED"), "{avg}");
+    let ok = run(&[
+        "all_reduce_perf",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "--min-busbw",
+        "0",
+    ]);
+    assert_eq!(ok.status.code(), Some(0));
+    assert!(text(&ok.stdout)
+        .lines()
+        .any(|l| l.starts_with("# Avg bus bandwidth") && l.ends_with(" OK")));
+}
+
+fn usage_error(args: &[&str], needle: &str) {
+    let out = run(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?} should mention {needle:?}: {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no table on a usage error: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    usage_error(
+        &["all_reduce_perf", "-b", "2G", "-e", "1K"],
+        "-b 2147483648 is larger than -e 1024",
+    );
+    usage_error(&["all_reduce_perf", "-d", "float7"], "float7");
+    usage_error(&["all_reduce_perf", "-o", "mul"], "mul");
+    usage_error(&["all_reduce_perf", "--np", "0"], "--np 0");
+    usage_error(&["all_reduce_perf", "-i", "0"], "-i 0");
+    usage_error(&["all_reduce_perf", "-b", "1X"], "suffix");
+    usage_error(&["all_reduce_perf", "-n", "0"], "-n 0");
+    usage_error(&["all_reduce_perf", "-g", "2"], "--np");
+    usage_error(&["all_reduce_perf", "--bogus"], "--bogus");
+}
+
+#[test]
+fn launcher_environment_is_checked() {
+    let out = busbw()
+        .args(["all_reduce_perf", "-b", "8", "-e", "8"])
+        .env("RANK", "3")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("RANK"), "{}", text(&out.stderr));
+}
+
+/// Starts a long sweep, waits for the first data row, then does `act` to rank `victim`
+/// (found by its pid in the device table). Returns (exit code, stderr, seconds after `act`).
+fn disrupt(victim: usize, timeout_s: u64, act: fn(i32)) -> (Option<i32>, String, f64) {
+    let t = timeout_s.to_string();
+    let mut child = busbw()
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "4",
+            "-b",
+            "64K",
+            "-e",
+            "4M",
+            "-f",
+            "2",
+            "-n",
+            "200",
+            "-N",
+            "0",
+            "-T",
+            &t,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut pid = None;
+    let mut lines = BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.starts_with(&format!("#  Rank {victim:>2} ")) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            pid = Some(f[6].parse::<i32>().unwrap());
+        }
+        if !line.starts_with('#') && !line.is_empty() {
+            break;
+        }
+    }
+    let pid = pid.expect("victim's pid in the device table");
+    act(pid);
+    let acted = Instant::now();
+    // Drain stdout so rank 0 never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let deadline = acted + Duration::from_secs(timeout_s * 3 + 20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "job still running {}s after the disruption",
+                deadline.duration_since(acted).as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let secs = acted.elapsed().as_secs_f64();
+    (status.code(), err_thread.join().unwrap(), secs)
+}
+
+#[test]
+fn killed_rank_ends_the_job_naming_it() {
+    let (code, stderr, secs) = disrupt(2, 10, |pid| unsafe {
+        libc_kill(pid, 9);
+    });
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}\n{stderr}");
+    assert!(secs < 10.0, "took {secs:.1}s, more than -T\n{stderr}");
+    assert!(stderr.contains("rank 2 (pid"), "{stderr}");
+    assert!(stderr.contains("killed by signal 9"), "{stderr}");
+    // The survivors say why they stop, pointing at rank 2.
+    assert!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("[rank") && l.contains("rank 2"))
+            .count()
+            >= 2,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn stopped_rank_times_out_naming_it() {
+    let (code, stderr, secs) = disrupt(1, 3, |pid| unsafe {
+        libc_kill(pid, 19); // SIGSTOP: alive but silent, the case only a timeout catches
+    });
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}\n{stderr}");
+    assert!(secs < 3.0 * 2.0 + 5.0, "took {secs:.1}s\n{stderr}");
+    assert!(stderr.contains("no progress for 3 s"), "{stderr}");
+    assert!(stderr.contains("rank 1"), "{stderr}");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}

@@ -1,0 +1,82 @@
+//! Host buffers.
+//!
+//! Page-aligned so that any element type, any transport (verbs registers whole pages) and
+//! the buffer-offset rotation of the harness keep natural alignment.
+
+use busbw_transports::{MemRegion, MemoryKind};
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+const ALIGN: usize = 4096;
+
+/// A zero-initialised, page-aligned host allocation.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostBuffer owns its allocation like a Vec<u8>.
+unsafe impl Send for HostBuffer {}
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocate `len` zeroed bytes. Returns None if the allocator refuses (out of memory), so
+    /// the harness can say how much it asked for instead of aborting.
+    pub fn new(len: usize) -> Option<Self> {
+        if len == 0 {
+            return Some(HostBuffer {
+                ptr: NonNull::<u64>::dangling().cast(),
+                len: 0,
+            });
+        }
+        let layout = Layout::from_size_align(len, ALIGN).ok()?;
+        // SAFETY: layout has non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(HostBuffer { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with exclusive access through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Grow to at least `len` bytes (contents are not preserved).
+    pub fn ensure(&mut self, len: usize) -> Option<()> {
+        if self.len < len {
+            *self = HostBuffer::new(len)?;
+        }
+        Some(())
+    }
+
+    /// The region a transport sees; valid while `self` is neither dropped nor grown.
+    pub fn region(&mut self) -> MemRegion {
+        // SAFETY: the pointer is valid for len bytes; callers keep self alive and unmoved
+        // (it is heap memory, so moving the HostBuffer value itself is fine) for the
+        // registration's lifetime.
+        unsafe { MemRegion::new(self.ptr.as_ptr(), self.len, MemoryKind::Host) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
+                // SAFETY: allocated in `new` with this very layout.
+                unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+            }
+        }
+    }
+}

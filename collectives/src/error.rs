@@ -1,0 +1,44 @@
+use busbw_transports::TransportError;
+
+/// Errors name this rank and, when one is involved, the peer: on a cluster that is what
+/// points at the node or link to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// The transport error is part of the message, not a `source`: printed chains would
+    /// otherwise say it twice.
+    #[error("rank {rank}: {during}: {cause}")]
+    Transport {
+        rank: usize,
+        peer: Option<usize>,
+        during: String,
+        cause: TransportError,
+    },
+    #[error("rank {rank}: no progress for {secs:.0} s {what}")]
+    Timeout {
+        rank: usize,
+        peer: Option<usize>,
+        secs: f64,
+        what: String,
+    },
+    #[error("rank {rank}: stopping because {reason}")]
+    Aborted { rank: usize, reason: String },
+    #[error("rank {rank}: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        rank: usize,
+        bytes: usize,
+        what: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl CommError {
+    /// The peer rank the failure points at, if any.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            CommError::Transport { peer, cause, .. } => peer.or(cause.peer().map(|p| p as usize)),
+            CommError::Timeout { peer, .. } => *peer,
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! `--np N`: run N ranks of a program on this host, wired to each other through loopback.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::rendezvous::{ABORT_KEY, STORE_FD_ENV};
+use crate::store::{Store, TcpStoreClient};
+
+/// How often the launcher checks on its children. Rank exits are rare events; 20 ms keeps
+/// the reaction prompt without a measurable cost on a benchmark host.
+const POLL: Duration = Duration::from_millis(20);
+/// How long to wait for the output relays after the last rank exited. They normally end at
+/// once; a rank's own child that kept the pipe open must not hold the launcher hostage.
+const DRAIN: Duration = Duration::from_secs(1);
+/// How long to try delivering the abort to rank 0's store.
+const ABORT_POST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LocalLaunch {
+    pub np: usize,
+    pub exe: PathBuf,
+    pub args: Vec<OsString>,
+    /// After a rank fails, how long the others get to notice the abort and exit by themselves
+    /// before they are killed (`-T`).
+    pub grace: Duration,
+    /// Exit codes that are a finished run's verdict rather than a failure (busbw's 7, "wrong
+    /// results"): every rank reaches them together, so they neither abort the others nor get
+    /// a line of their own on stderr.
+    pub outcome_codes: Vec<i32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the number of ranks (--np) must be at least 1")]
+    NoRanks,
+    #[error("cannot start rank {rank} as {exe}: {source}")]
+    Spawn {
+        rank: usize,
+        exe: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("local launcher: {0}")]
+    Io(#[from] io::Error),
+}
+
+struct RankProc {
+    rank: usize,
+    pid: u32,
+    child: Child,
+    status: Option<ExitStatus>,
+    killed: bool,
+}
+
+/// Run `l.np` ranks and return the job's exit code: 0 if every rank succeeded, else the worst
+/// rank's code (death by signal N counting as 128+N, as shells report it). Ranks the launcher
+/// itself killed after the grace period do not count: their death is a consequence of the
+/// failure already being reported.
+///
+/// The launcher binds the store's port before any rank starts and hands the listening socket
+/// to rank 0, so the port cannot be taken in between and early clients queue in the kernel
+/// rather than being refused.
+pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
+    if l.np == 0 {
+        return Err(LaunchError::NoRanks);
+    }
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let port = listener.local_addr()?.port();
+    let mut listener = Some(listener);
+    let (relay_done, relays_finished) = mpsc::channel::<()>();
+    let mut relays = 0usize;
+    let mut procs: Vec<RankProc> = Vec::with_capacity(l.np);
+
+    for rank in 0..l.np {
+        let mut cmd = Command::new(&l.exe);
+        cmd.args(&l.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", l.np.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", l.np.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        match listener.as_ref().filter(|_| rank == 0) {
+            Some(sock) => {
+                let fd = sock.as_raw_fd();
+                cmd.stdout(Stdio::inherit())
+                    .env(STORE_FD_ENV, fd.to_string());
+                // Clear close-on-exec in the child only, between fork and exec: no other
+                // process this launcher (or a thread of its host) spawns can inherit it.
+                // SAFETY: fcntl is async-signal-safe and touches only the child's descriptor.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let flags = libc::fcntl(fd, libc::F_GETFD);
+                        if flags < 0
+                            || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+            None => {
+                cmd.stdout(Stdio::piped()).env_remove(STORE_FD_ENV);
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                for p in &mut procs {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                }
+                return Err(LaunchError::Spawn {
+                    rank,
+                    exe: l.exe.display().to_string(),
+                    source,
+                });
+            }
+        };
+        // Rank 0 owns the socket now; the launcher's copy would only keep the port open
+        // after rank 0 is gone.
+        if rank == 0 {
+            listener = None;
+        }
+        let prefix = format!("[rank {rank}] ");
+        if let Some(out) = child.stdout.take() {
+            relays += spawn_relay(out, prefix.clone(), relay_done.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            relays += spawn_relay(err, prefix, relay_done.clone());
+        }
+        procs.push(RankProc {
+            rank,
+            pid: child.id(),
+            child,
+            status: None,
+            killed: false,
+        });
+    }
+    drop(relay_done);
+    drop(listener);
+
+    let mut kill_at: Option<(Instant, usize)> = None;
+    loop {
+        for p in procs.iter_mut().filter(|p| p.status.is_none()) {
+            let Some(status) = p.child.try_wait()? else {
+                continue;
+            };
+            p.status = Some(status);
+            if status.success() || status.code().is_some_and(|c| l.outcome_codes.contains(&c)) {
+                continue;
+            }
+            let what = describe(p.rank, p.pid, status);
+            eprintln!("busbw: {what}");
+            if kill_at.is_none() {
+                // Rank 0 serves the store: if it is the one that died there is nobody to tell,
+                // and the others notice the lost store by themselves.
+                // Posting runs beside the grace clock: a rank 0 that is alive but not serving
+                // must not stall the launcher.
+                if p.rank != 0 {
+                    let what = what.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("busbw-post-abort".into())
+                        .spawn(move || post_abort(port, &what));
+                }
+                kill_at = Some((Instant::now() + l.grace, p.rank));
+            }
+        }
+        let alive: Vec<usize> = (0..procs.len())
+            .filter(|&i| procs[i].status.is_none())
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        if let Some((deadline, culprit)) = kill_at {
+            if Instant::now() >= deadline {
+                let names: Vec<String> = alive.iter().map(|&i| procs[i].rank.to_string()).collect();
+                eprintln!(
+                    "busbw: killing rank(s) {} still running {:.1}s after rank {culprit} failed",
+                    names.join(", "),
+                    l.grace.as_secs_f64()
+                );
+                for &i in &alive {
+                    let p = &mut procs[i];
+                    let _ = p.child.kill();
+                    p.killed = true;
+                    p.status = Some(p.child.wait()?);
+                }
+                break;
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+
+    let drain_until = Instant::now() + DRAIN;
+    for _ in 0..relays {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        if relays_finished.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+
+    Ok(procs
+        .iter()
+        .filter(|p| !p.killed)
+        .filter_map(|p| p.status.map(exit_code))
+        .max()
+        .unwrap_or(0))
+}
+
+/// Deliver the failure to the surviving ranks through the store. Best effort: if it cannot be
+/// delivered, the grace-period kill still ends the job.
+fn post_abort(port: u16, what: &str) {
+    let addr = format!("127.0.0.1:{port}");
+    let result = TcpStoreClient::connect(&addr, ABORT_POST_TIMEOUT).and_then(|c| {
+        // A rank that failed on its own usually posted a better reason already.
+        if c.get(ABORT_KEY)?.is_none() {
+            c.set(ABORT_KEY, what.as_bytes())?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        eprintln!("busbw: could not tell the other ranks to stop: {e}");
+    }
+}
+
+fn spawn_relay(src: impl Read + Send + 'static, prefix: String, done: mpsc::Sender<()>) -> usize {
+    let spawned = std::thread::Builder::new()
+        .name("busbw-relay".into())
+        .spawn(move || {
+            let _ = prefix_lines(src, &prefix, io::stderr());
+            let _ = done.send(());
+        });
+    usize::from(spawned.is_ok())
+}
+
+/// Copy `src` to `out` line by line, each line prefixed. Each line goes out in one write so
+/// lines of different ranks never interleave mid-line; bytes are copied as-is because rank
+/// output need not be UTF-8. A final line without a newline gets one.
+pub fn prefix_lines<R: Read, W: Write>(src: R, prefix: &str, mut out: W) -> io::Result<()> {
+    let mut reader = BufReader::new(src);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return out.flush();
+        }
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        out.write_all(&line)?;
+    }
+}
+
+/// The shell's convention, so the launcher's exit code reads the same as running one rank.
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+fn describe(rank: usize, pid: u32, status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("rank {rank} (pid {pid}) exited with code {c}"),
+        (None, Some(sig)) => match signal_name(sig) {
+            Some(name) => format!("rank {rank} (pid {pid}) was killed by signal {sig} ({name})"),
+            None => format!("rank {rank} (pid {pid}) was killed by signal {sig}"),
+        },
+        (None, None) => format!("rank {rank} (pid {pid}) ended abnormally ({status})"),
+    }
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_every_line() {
+        let input: &[u8] = b"hello\nworld\n\xff raw\nno newline";
+        let mut out = Vec::new();
+        prefix_lines(input, "[rank 3] ", &mut out).unwrap();
+        assert_eq!(
+            out,
+            b"[rank 3] hello\n[rank 3] world\n[rank 3] \xff raw\n[rank 3] no newline\n"
+        );
+        let mut out = Vec::new();
+        prefix_lines(&b""[..], "[rank 0] ", &mut out).unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+        assert_eq!(
+            describe(2, 1234, ExitStatus::from_raw(libc::SIGKILL)),
+            "rank 2 (pid 1234) was killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(
+            describe(2, 1234, ExitStatus::from_raw(3 << 8)),
+            "rank 2 (pid 1234) exited with code 3"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! The rendezvous key/value store.
+//!
+//! The shape is gloo's (the store PyTorch uses for the same job): `set`, a non-blocking `get`,
+//! a blocking `wait` on a set of keys and an atomic `add`. That is enough to build every
+//! control-plane step the job needs (peer-info exchange, barriers, abort broadcast) and nothing
+//! more, so the in-process and TCP implementations stay interchangeable and the callers never
+//! know which one they have.
+
+mod client;
+mod memory;
+mod prefix;
+mod proto;
+mod server;
+
+pub use client::TcpStoreClient;
+pub use memory::MemoryStore;
+pub use prefix::PrefixStore;
+pub use server::TcpStoreServer;
+
+/// Largest key the TCP store accepts. Keys are short names; the cap exists so a garbage length
+/// from a confused peer is rejected before anything is allocated for it.
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+/// Largest value the TCP store accepts. Values are peer descriptions and transport handles
+/// (bytes to kilobytes); 64 MiB leaves ample room while keeping a garbage length from
+/// exhausting rank 0's memory.
+pub const MAX_VALUE_LEN: usize = 64 * 1024 * 1024;
+
+use std::time::Duration;
+
+/// A job-wide key/value store used only for control-plane agreement, never for payload data.
+///
+/// All methods block the calling thread (the callers are plain threads, not async tasks).
+pub trait Store: Send + Sync {
+    /// Store `value` under `key`, replacing any earlier value and waking waiters on it.
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// The current value of `key`, or `None` if nobody has set it yet. Never blocks on the key.
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Block until every key in `keys` exists and return their values in the same order.
+    /// On timeout the error lists the keys still missing, which usually names the ranks that
+    /// never showed up.
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
+
+    /// Atomically add `delta` to the counter under `key` (absent counts as 0; stored as decimal
+    /// ASCII so it is readable with `get`) and return the new value.
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The keys did not all appear in time.
+    #[error("timed out after {secs:.1}s waiting for store key(s) {}", missing.join(", "))]
+    Timeout { secs: f64, missing: Vec<String> },
+    /// The store server is gone or unreachable; the message names where it was served from.
+    #[error("{0}")]
+    Disconnected(String),
+    #[error("store I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer does not speak this store's protocol (or speaks another version of it).
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+    /// `add` found a value that is not a decimal integer.
+    #[error("store key {key:?} holds {value:?}, which is not a decimal integer counter")]
+    BadValue { key: String, value: String },
+}
+
+/// Shared by both store implementations so `add` behaves identically in and out of process.
+pub(crate) fn apply_add(key: &str, old: Option<&[u8]>, delta: i64) -> Result<i64, StoreError> {
+    let bad = |v: &[u8]| StoreError::BadValue {
+        key: key.to_string(),
+        value: String::from_utf8_lossy(v).into_owned(),
+    };
+    let current = match old {
+        None => 0,
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .ok_or_else(|| bad(v))?,
+    };
+    current
+        .checked_add(delta)
+        .ok_or_else(|| StoreError::BadValue {
+            key: key.to_string(),
+            value: format!("{current} + {delta} (overflows i64)"),
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,328 @@
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::ReadHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+use super::apply_add;
+use super::proto::{self, Encoder, Request};
+
+/// How long a fresh connection may take to send its hello. Real clients send it immediately;
+/// the limit only stops silent stray connections from lingering.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest WAIT the server honours, so a garbage timeout cannot overflow a deadline.
+const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Rank 0's store server.
+///
+/// It runs a single-threaded tokio runtime on its own OS thread: one task per connected rank
+/// makes thousands of mostly idle, mostly blocked connections cheap, and keeping the runtime
+/// on a private thread means the rest of the process (above all the data path) never runs
+/// inside, or waits on, an async executor.
+pub struct TcpStoreServer {
+    local_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TcpStoreServer {
+    /// Listen on `addr` and start serving.
+    pub fn bind(addr: SocketAddr) -> io::Result<Self> {
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} for the rendezvous store: {e}"),
+            )
+        })?;
+        Self::from_std_listener(listener)
+    }
+
+    /// Serve on a socket that is already listening, typically one inherited from the local
+    /// launcher: it bound the port before starting any rank, so clients that connect before
+    /// this server runs wait in the kernel's accept queue instead of being refused.
+    pub fn from_std_listener(listener: std::net::TcpListener) -> io::Result<Self> {
+        let local_addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let listener = {
+            let _guard = rt.enter();
+            TcpListener::from_std(listener)?
+        };
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("busbw-store".into())
+            .spawn(move || {
+                rt.block_on(accept_loop(listener, stop_rx));
+                // Dropping the runtime drops every connection task and so closes every client
+                // socket: clients see the server go away rather than hang.
+                drop(rt);
+            })?;
+        Ok(Self {
+            local_addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stop serving and close every client connection. Idempotent; also done on drop.
+    pub fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TcpStoreServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[derive(Default)]
+struct State {
+    data: HashMap<String, Vec<u8>>,
+    /// One notifier per key somebody is waiting for, so a SET wakes only the waiters of that
+    /// key: with every rank waiting on every other rank's key, waking all waiters on every SET
+    /// would cost O(ranks^2) wake-ups per exchange.
+    waiters: HashMap<String, Arc<Notify>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    /// No code panics while holding the lock, and every mutation is a single map operation,
+    /// so a poisoned lock still guards consistent data.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn store(&self, key: String, value: Vec<u8>) {
+        let mut s = self.lock();
+        if let Some(n) = s.waiters.remove(&key) {
+            n.notify_waiters();
+        }
+        s.data.insert(key, value);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>) {
+    let shared = Arc::new(Shared::default());
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((sock, _peer)) => {
+                    let _ = sock.set_nodelay(true);
+                    tokio::spawn(serve_connection(sock, shared.clone()));
+                }
+                // Typically EMFILE or a connection reset before accept: neither is fatal to
+                // the server, but retrying at once would spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            },
+        }
+    }
+}
+
+async fn serve_connection(mut sock: TcpStream, shared: Arc<Shared>) {
+    // Any error simply ends this connection; the other ranks' connections are unaffected.
+    let _ = serve_inner(&mut sock, &shared).await;
+}
+
+async fn serve_inner(sock: &mut TcpStream, shared: &Shared) -> io::Result<()> {
+    let (mut rd, mut wr) = sock.split();
+    let mut hello = [0u8; proto::HELLO_LEN];
+    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let Some(version) = proto::parse_hello(&hello) else {
+        return Ok(()); // not a busbw store client
+    };
+    // Answer with our version even on mismatch so the client can report both versions.
+    wr.write_all(&proto::hello()).await?;
+    if version != proto::VERSION {
+        return Ok(());
+    }
+    loop {
+        let mut len = [0u8; 4];
+        match rd.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = u32::from_be_bytes(len) as usize;
+        if len == 0 || len > proto::MAX_REQUEST {
+            return Ok(()); // framing is lost; nothing sensible to answer
+        }
+        // Grow the buffer as bytes arrive rather than trusting the length with an allocation.
+        let mut body = Vec::new();
+        (&mut rd).take(len as u64).read_to_end(&mut body).await?;
+        if body.len() != len {
+            return Ok(());
+        }
+        let response = match proto::decode_request(&body) {
+            Ok(req) => match execute(req, shared, &mut rd).await {
+                Some(r) => r,
+                None => return Ok(()), // client hung up during a WAIT
+            },
+            Err(msg) => error_response(&msg),
+        };
+        wr.write_all(&response).await?;
+    }
+}
+
+fn error_response(msg: &str) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.u8(proto::ST_ERROR).bytes(msg.as_bytes());
+    e.frame()
+}
+
+/// `None` means the connection should be closed.
+async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option<Vec<u8>> {
+    let mut e = Encoder::new();
+    match req {
+        Request::Set { key, value } => {
+            shared.store(key, value);
+            e.u8(proto::ST_OK);
+        }
+        Request::Get { key } => match shared.lock().data.get(&key) {
+            Some(v) => {
+                e.u8(proto::ST_OK).bytes(v);
+            }
+            None => {
+                e.u8(proto::ST_NOT_FOUND);
+            }
+        },
+        Request::Add { key, delta } => {
+            let mut s = shared.lock();
+            match apply_add(&key, s.data.get(&key).map(Vec::as_slice), delta) {
+                Ok(new) => {
+                    if let Some(n) = s.waiters.remove(&key) {
+                        n.notify_waiters();
+                    }
+                    s.data.insert(key, new.to_string().into_bytes());
+                    e.u8(proto::ST_OK).i64(new);
+                }
+                Err(super::StoreError::BadValue { key, value }) => {
+                    e.u8(proto::ST_BAD_VALUE)
+                        .bytes(key.as_bytes())
+                        .bytes(value.as_bytes());
+                }
+                Err(other) => return Some(error_response(&other.to_string())),
+            }
+        }
+        Request::Wait { keys, timeout_ms } => {
+            let timeout = Duration::from_millis(timeout_ms).min(MAX_WAIT);
+            let deadline = Instant::now() + timeout;
+            let mut probe = [0u8; 1];
+            // While waiting, also watch the socket: a client that disconnects (or, against
+            // the protocol, sends another request) ends the wait instead of leaving a task
+            // parked until the deadline.
+            let outcome = tokio::select! {
+                r = wait_keys(shared, &keys, deadline) => r,
+                _ = rd.read(&mut probe) => return None,
+            };
+            match outcome {
+                Ok(values) => {
+                    let total: usize = values.iter().map(|v| v.len() + 4).sum();
+                    if total + 8 > proto::MAX_RESPONSE {
+                        return Some(error_response(&format!(
+                            "WAIT result of {total} bytes exceeds the response limit"
+                        )));
+                    }
+                    e.u8(proto::ST_OK).u32(values.len() as u32);
+                    for v in &values {
+                        e.bytes(v);
+                    }
+                }
+                Err(missing) => {
+                    e.u8(proto::ST_TIMEOUT).u32(missing.len() as u32);
+                    for k in &missing {
+                        e.bytes(k.as_bytes());
+                    }
+                }
+            }
+        }
+    }
+    Some(e.frame())
+}
+
+/// Wait for every key without polling: park on the notifier of the first missing key, and
+/// after each wake-up resume from there, so each key is checked O(1) times per arrival.
+async fn wait_keys(
+    shared: &Shared,
+    keys: &[String],
+    deadline: Instant,
+) -> Result<Vec<Vec<u8>>, Vec<String>> {
+    let mut first_missing = 0;
+    loop {
+        let notify = {
+            let mut s = shared.lock();
+            match keys[first_missing..]
+                .iter()
+                .position(|k| !s.data.contains_key(k))
+            {
+                None => {
+                    return Ok(keys
+                        .iter()
+                        .map(|k| s.data.get(k).cloned().unwrap_or_default())
+                        .collect())
+                }
+                Some(i) => {
+                    first_missing += i;
+                    s.waiters
+                        .entry(keys[first_missing].clone())
+                        .or_insert_with(|| Arc::new(Notify::new()))
+                        .clone()
+                }
+            }
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The key may have been stored between releasing the lock and registering above.
+        if shared.lock().data.contains_key(&keys[first_missing]) {
+            continue;
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                let mut s = shared.lock();
+                // Drop the notifier if nobody else waits on it, so repeated timed-out waits
+                // (the abort watcher's polling) do not accumulate entries.
+                let key = &keys[first_missing];
+                if s.waiters.get(key).is_some_and(|n| Arc::ptr_eq(n, &notify) && Arc::strong_count(n) <= 2) {
+                    s.waiters.remove(key);
+                }
+                let missing = keys
+                    .iter()
+                    .filter(|k| !s.data.contains_key(*k))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                if missing.is_empty() {
+                    continue; // arrived at the last moment
+                }
+                return Err(missing);
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Run reports for busbw, starting with the nccl-tests text table.
+//!
+//! The text output of nccl-tests is a de facto interface: CI jobs grep
+//! "Avg bus bandwidth", dashboards split data rows on whitespace, and people
+//! diff runs from different tools column by column. This crate therefore
+//! reproduces that format byte for byte (including C `printf` rounding,
+//! exponent spelling and trailing spaces) rather than approximating it, so
+//! busbw can be dropped into existing pipelines unchanged.
+//!
+//! Run data lives in plain [`record`] types so the same measurements can feed
+//! several [`Sink`]s (text today, JSON or test harnesses later) without each
+//! one recomputing numbers.
+
+pub mod fmt;
+pub mod record;
+pub mod table;
+
+pub use record::{Cell, DeviceInfo, Footer, Row, RunHeader, Step};
+pub use table::{busbw_average, TextTable};
+
+/// Receives a run as it happens: one header, rows as sizes complete, one footer.
+///
+/// Streaming (rather than handing over a finished run) lets long sweeps show
+/// progress and keeps the rows that did finish if a later size crashes.
+pub trait Sink {
+    fn header(&mut self, h: &RunHeader) -> std::io::Result<()>;
+    fn row(&mut self, r: &Row) -> std::io::Result<()>;
+    fn footer(&mut self, f: &Footer) -> std::io::Result<()>;
+}
+
+/// Lets callers keep ownership of a sink (e.g. to inspect a buffer afterwards)
+/// while passing it to code that is generic over `Sink`.
+impl<S: Sink + ?Sized> Sink for &mut S {
+    fn header(&mut self, h: &RunHeader) -> std::io::Result<()> {
+        (**self).header(h)
+    }
+    fn row(&mut self, r: &Row) -> std::io::Result<()> {
+        (**self).row(r)
+    }
+    fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
+        (**self).footer(f)
+    }
+}
+
+/// Allows heterogeneous sinks to be chosen at runtime (`Box<dyn Sink>`).
+impl<S: Sink + ?Sized> Sink for Box<S> {
+    fn header(&mut self, h: &RunHeader) -> std::io::Result<()> {
+        (**self).header(h)
+    }
+    fn row(&mut self, r: &Row) -> std::io::Result<()> {
+        (**self).row(r)
+    }
+    fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
+        (**self).footer(f)
+    }
+}

@@ -1,0 +1,136 @@
+//! The data a benchmark run produces, independent of how it is rendered.
+//!
+//! Keeping the record separate from the text table lets the same run feed the
+//! nccl-tests-compatible text, JSON output or a test harness without each
+//! sink re-deriving numbers; the types are serde-friendly for that reason.
+
+use serde::{Deserialize, Serialize};
+
+/// One participating device, as listed under "# Using devices".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// Global rank (nccl-tests numbers these by world process, not by group).
+    pub rank: usize,
+    /// Communicator split colour.
+    pub group: usize,
+    pub pid: u32,
+    /// Printed in full: truncating at the first '.' (as nccl-tests does)
+    /// makes distinct nodes like `a.rack1` / `a.rack2` indistinguishable.
+    pub hostname: String,
+    pub device: i32,
+    /// Bus id already formatted as `dddd:bb:dd`, e.g. `0000:07:00`.
+    pub pci: String,
+    pub name: String,
+}
+
+/// How message sizes grow between `min_bytes` and `max_bytes` (`-f` vs `-i`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Multiply by this factor each step; printed `<n>(factor)`.
+    Factor(u64),
+    /// Add this many bytes each step; printed `<n>(bytes)`.
+    Bytes(u64),
+}
+
+/// Everything printed before the first data row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunHeader {
+    /// Binary name as nccl-tests spells it, e.g. `all_reduce_perf`.
+    pub program: String,
+    /// Whole first line after `"# "`, e.g.
+    /// `nccl-tests version 2.19.6 busbw=0.1.0 transport=tcp`.
+    pub version_line: String,
+    pub nthreads: u32,
+    pub ngpus: u32,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub step: Step,
+    pub warmup_iters: u32,
+    pub iters: u32,
+    pub agg_iters: u32,
+    pub validation: u32,
+    pub graph: u32,
+    pub unalign: u32,
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Measurements for one placement (out-of-place or in-place) of one size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// Microseconds per operation.
+    pub time_us: f64,
+    /// GB/s (1e9 bytes per second).
+    pub algbw: f64,
+    /// GB/s, algbw scaled by the collective's bus factor.
+    pub busbw: f64,
+    /// Wrong elements summed over ranks; `None` when validation did not run
+    /// (disabled, or unsupported such as in-place alltoall), printed `N/A`.
+    pub wrong: Option<u64>,
+}
+
+/// One data line of the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Total buffer bytes actually used after size rounding.
+    pub size: u64,
+    /// Element count passed to the collective.
+    pub count: u64,
+    pub dtype: String,
+    /// Reduction name; `none` for non-reducing collectives.
+    pub redop: String,
+    /// Root rank, `-1` for rootless collectives.
+    pub root: i64,
+    pub out_of_place: Cell,
+    pub in_place: Cell,
+}
+
+/// Summary printed after the last data row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Footer {
+    pub program: String,
+    /// Number of result cells with at least one wrong element (not an
+    /// element count), summed over threads and ranks.
+    pub out_of_bounds: u64,
+    /// Mean of every printed busbw value; see [`crate::busbw_average`].
+    pub avg_busbw: f64,
+    /// `NCCL_TESTS_MIN_BW` gate; `None` means the bandwidth is not checked.
+    pub min_busbw: Option<f64>,
+    /// Last transport/collective error, printed as `# error: ...`.
+    pub error: Option<String>,
+}
+
+impl Footer {
+    /// Whether the average passes the `NCCL_TESTS_MIN_BW` gate.
+    ///
+    /// nccl-tests allows 10% slack below the requested minimum so that normal
+    /// run-to-run noise does not fail CI; `None` when no gate was set.
+    /// A NaN average fails the gate rather than silently passing.
+    pub fn bandwidth_ok(&self) -> Option<bool> {
+        self.min_busbw.map(|min| self.avg_busbw >= 0.9 * min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn footer(avg: f64, min: Option<f64>) -> Footer {
+        Footer {
+            program: "all_reduce_perf".into(),
+            out_of_bounds: 0,
+            avg_busbw: avg,
+            min_busbw: min,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn bandwidth_gate_allows_ten_percent_slack() {
+        assert_eq!(footer(5.0, None).bandwidth_ok(), None);
+        assert_eq!(footer(90.0, Some(100.0)).bandwidth_ok(), Some(true));
+        assert_eq!(footer(89.9, Some(100.0)).bandwidth_ok(), Some(false));
+        assert_eq!(footer(200.0, Some(100.0)).bandwidth_ok(), Some(true));
+        assert_eq!(footer(f64::NAN, Some(1.0)).bandwidth_ok(), Some(false));
+    }
+}

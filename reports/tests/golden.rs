@@ -1,0 +1,311 @@
+//! Byte-exact comparisons against text produced by nccl-tests' own format
+//! strings (cross-checked with a printf oracle), trailing spaces included.
+
+use std::io::{self, Write};
+
+use busbw_reports::{
+    busbw_average, Cell, DeviceInfo, Footer, Row, RunHeader, Sink, Step, TextTable,
+};
+
+fn header() -> RunHeader {
+    RunHeader {
+        program: "all_reduce_perf".into(),
+        version_line: "nccl-tests version 2.19.6 busbw=0.1.0 transport=tcp".into(),
+        nthreads: 1,
+        ngpus: 1,
+        min_bytes: 8,
+        max_bytes: 134_217_728,
+        step: Step::Factor(2),
+        warmup_iters: 1,
+        iters: 20,
+        agg_iters: 1,
+        validation: 1,
+        graph: 0,
+        unalign: 0,
+        devices: vec![
+            DeviceInfo {
+                rank: 0,
+                group: 0,
+                pid: 12345,
+                hostname: "node01".into(),
+                device: 0,
+                pci: "0000:07:00".into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+            },
+            DeviceInfo {
+                rank: 1,
+                group: 0,
+                pid: 7,
+                hostname: "gpu-node-17.cluster.example.com".into(),
+                device: 1,
+                pci: "0000:0a:00".into(),
+                name: "busbw CPU".into(),
+            },
+        ],
+    }
+}
+
+fn cell(time_us: f64, algbw: f64, busbw: f64, wrong: Option<u64>) -> Cell {
+    Cell {
+        time_us,
+        algbw,
+        busbw,
+        wrong,
+    }
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            size: 8,
+            count: 2,
+            dtype: "float".into(),
+            redop: "sum".into(),
+            root: -1,
+            out_of_place: cell(12.34, 0.00065, 0.00113, Some(0)),
+            in_place: cell(12.1, 0.00066, 0.00116, Some(0)),
+        },
+        Row {
+            size: 134_217_728,
+            count: 33_554_432,
+            dtype: "float".into(),
+            redop: "sum".into(),
+            root: -1,
+            out_of_place: cell(1234.5, 108.72, 190.26, Some(0)),
+            in_place: cell(1230.1, 109.11, 190.94, Some(0)),
+        },
+        Row {
+            size: 1_073_741_824,
+            count: 268_435_456,
+            dtype: "bfloat16".into(),
+            redop: "none".into(),
+            root: 0,
+            out_of_place: cell(12_345_678.0, 0.087, 1_234_567.0, Some(1_048_576)),
+            in_place: cell(123_456.7, 12_345.4, 0.125, None),
+        },
+    ]
+}
+
+fn footer() -> Footer {
+    Footer {
+        program: "all_reduce_perf".into(),
+        out_of_bounds: 0,
+        avg_busbw: 12.3456,
+        min_busbw: None,
+        error: None,
+    }
+}
+
+const GOLDEN: &str = concat!(
+    "# nccl-tests version 2.19.6 busbw=0.1.0 transport=tcp\n",
+    "# Collective test starting: all_reduce_perf\n",
+    "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 1 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0\n",
+    "#\n",
+    "# Using devices\n",
+    "#  Rank  0 Group  0 Pid  12345 on     node01 device  0 [0000:07:00] NVIDIA H100 80GB HBM3\n",
+    "#  Rank  1 Group  0 Pid      7 on gpu-node-17.cluster.example.com device  1 [0000:0a:00] busbw CPU\n",
+    "#\n",
+    "#                                                              out-of-place                       in-place          \n",
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong \n",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         \n",
+    "           8             2     float     sum      -1    12.34    0.00    0.00       0    12.10    0.00    0.00       0\n",
+    "   134217728      33554432     float     sum      -1  1234.50  108.72  190.26       0  1230.10  109.11  190.94       0\n",
+    "  1073741824     268435456  bfloat16    none       0  1.2e+07    0.09   1e+06  1.04858e+06   123457   12345    0.12    N/A\n",
+    "# Out of bounds values : 0 OK\n",
+    "# Avg bus bandwidth    : 12.3456 \n",
+    "#\n",
+    "# Collective test concluded: all_reduce_perf\n",
+    "#\n",
+    "\n",
+);
+
+fn render(h: &RunHeader, rows: &[Row], f: &Footer) -> String {
+    let mut t = TextTable::new(Vec::new());
+    t.header(h).expect("write to Vec");
+    for r in rows {
+        t.row(r).expect("write to Vec");
+    }
+    t.footer(f).expect("write to Vec");
+    String::from_utf8(t.into_inner()).expect("table is UTF-8")
+}
+
+/// Shows the first differing line instead of two walls of text.
+fn assert_same(got: &str, want: &str) {
+    for (i, (g, w)) in got.split('\n').zip(want.split('\n')).enumerate() {
+        assert_eq!(g, w, "line {} differs", i + 1);
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn full_report_is_byte_exact() {
+    assert_same(&render(&header(), &rows(), &footer()), GOLDEN);
+}
+
+#[test]
+fn column_lines_are_119_bytes_and_rows_118() {
+    let text = render(&header(), &rows(), &footer());
+    let lines: Vec<&str> = text.split('\n').collect();
+    assert_eq!(lines[8].len(), 116);
+    assert_eq!(lines[9].len(), 119);
+    assert_eq!(lines[10].len(), 119);
+    assert_eq!(lines[11].len(), 118);
+    assert_eq!(lines[12].len(), 118);
+}
+
+#[test]
+fn bytes_step_and_gated_failed_footer() {
+    let mut h = header();
+    h.step = Step::Bytes(1_048_576);
+    h.devices.clear();
+    let f = Footer {
+        program: "alltoall_perf".into(),
+        out_of_bounds: 2,
+        avg_busbw: 1_048_576.0,
+        min_busbw: Some(2_000_000.0),
+        error: Some("remote process exited".into()),
+    };
+    let want = concat!(
+        "# nccl-tests version 2.19.6 busbw=0.1.0 transport=tcp\n",
+        "# Collective test starting: all_reduce_perf\n",
+        "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 1048576(bytes) warmup iters: 1 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0\n",
+        "#\n",
+        "# Using devices\n",
+        "#\n",
+        "#                                                              out-of-place                       in-place          \n",
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong \n",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         \n",
+        "# Out of bounds values : 2 FAILED\n",
+        "# Avg bus bandwidth    : 1.04858e+06 FAILED\n",
+        "#\n",
+        "# Collective test concluded: alltoall_perf\n",
+        "#\n",
+        "# error: remote process exited\n",
+    );
+    assert_same(&render(&h, &[], &f), want);
+}
+
+#[test]
+fn gate_passes_within_ten_percent() {
+    let f = Footer {
+        avg_busbw: 95.5,
+        min_busbw: Some(100.0),
+        ..footer()
+    };
+    let text = render(&header(), &[], &f);
+    assert!(
+        text.contains("\n# Avg bus bandwidth    : 95.5 OK\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn multi_line_error_stays_commented() {
+    let f = Footer {
+        error: Some("first\nsecond".into()),
+        ..footer()
+    };
+    let text = render(&header(), &[], &f);
+    assert!(text.ends_with("#\n# error: first\n# second\n"), "{text}");
+}
+
+#[test]
+fn unvalidated_out_of_place_prints_na() {
+    let r = Row {
+        size: 0,
+        count: 0,
+        dtype: "int8".into(),
+        redop: "none".into(),
+        root: 3,
+        out_of_place: cell(0.0, 0.0, 0.0, None),
+        in_place: cell(0.5, 0.0, 0.0, Some(3)),
+    };
+    let mut t = TextTable::new(Vec::new());
+    t.row(&r).expect("write to Vec");
+    assert_eq!(
+        String::from_utf8(t.into_inner()).expect("UTF-8"),
+        "           0             0      int8    none       3     0.00    0.00    0.00    N/A     0.50    0.00    0.00       3\n"
+    );
+}
+
+/// Counts flushes so we can prove every line reaches the OS immediately.
+#[derive(Default)]
+struct FlushCounter {
+    data: Vec<u8>,
+    flushed_at: Vec<usize>,
+}
+
+impl Write for FlushCounter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.flushed_at.push(self.data.len());
+        Ok(())
+    }
+}
+
+#[test]
+fn flushes_after_every_line() {
+    let mut t = TextTable::new(FlushCounter::default());
+    t.header(&header()).expect("infallible writer");
+    for r in &rows() {
+        t.row(r).expect("infallible writer");
+    }
+    t.footer(&footer()).expect("infallible writer");
+    let w = t.into_inner();
+    let line_ends: Vec<usize> = w
+        .data
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == b'\n')
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(w.flushed_at, line_ends);
+}
+
+struct FailingWriter;
+
+impl Write for FailingWriter {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::new(io::ErrorKind::BrokenPipe, "closed"))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn write_errors_propagate() {
+    let mut t = TextTable::new(FailingWriter);
+    let err = t.row(&rows()[0]).expect_err("writer fails");
+    assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+}
+
+#[test]
+fn sink_works_through_dyn_box_and_mut_ref() {
+    let mut table = TextTable::new(Vec::new());
+    {
+        let mut boxed: Box<dyn Sink + '_> = Box::new(&mut table);
+        boxed.row(&rows()[0]).expect("write to Vec");
+    }
+    assert!(table.get_ref().starts_with(b"           8 "));
+}
+
+#[test]
+fn average_covers_both_placements_of_every_row() {
+    assert_eq!(busbw_average(&[]), 0.0);
+    let rs = rows();
+    let want = (0.00113 + 0.00116 + 190.26 + 190.94 + 1_234_567.0 + 0.125) / 6.0;
+    assert!((busbw_average(&rs) - want).abs() < 1e-9);
+    assert_eq!(busbw_average(&rs[1..2]), (190.26 + 190.94) / 2.0);
+}
+
+#[test]
+fn records_are_serde_types() {
+    fn assert_serde<T: serde::Serialize + for<'de> serde::Deserialize<'de>>() {}
+    assert_serde::<RunHeader>();
+    assert_serde::<Row>();
+    assert_serde::<Footer>();
+}

@@ -1,0 +1,235 @@
+//! Point-to-point transports for busbw.
+//!
+//! The trait is shaped after NCCL's net plugin (`listen` / `connect` / `accept` / `regMr` /
+//! `isend` / `irecv` / `test`) because that boundary has already proven that TCP, RDMA verbs
+//! and GPU-direct memory can all sit behind it without the collective algorithms knowing which
+//! one they talk to. Connections are one-directional: the connector owns a [`SendComm`], the
+//! acceptor a [`RecvComm`]. Nothing here blocks except [`Transport::connect`] and
+//! [`Listener::accept`], and both take a deadline.
+//!
+//! Buffers are described by raw pointers ([`MemRegion`]) rather than slices: a request stays in
+//! flight after the call returns and the memory may be device memory that Rust cannot borrow.
+//! The callers (the algorithms in `busbw-collectives`) own the safety argument.
+
+mod abort;
+mod error;
+pub mod inproc;
+mod slots;
+pub mod tcp;
+
+pub use abort::Abort;
+pub use error::{Result, TransportError};
+
+use std::time::Duration;
+
+/// Opaque connection address, produced by [`Transport::listen`] and carried through the
+/// rendezvous store to the peers. Only the transport that made it interprets it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Handle(pub Vec<u8>);
+
+/// Who a transport instance speaks for. A connector sends it in its first frame; the acceptor
+/// refuses connections whose job token differs (a stray connection from another job or a port
+/// scanner), and listeners put the rank into their handles so both ends know their peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Random per-job token agreed through the rendezvous store.
+    pub job: u64,
+    /// Global rank of the connecting side.
+    pub rank: u32,
+}
+
+/// Where a buffer lives. Transports advertise which kinds they can move directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Ordinary (possibly pinned) host memory.
+    Host,
+    /// CUDA device memory on the given device ordinal.
+    Cuda { device: i32 },
+}
+
+/// Pointer kinds a transport can send from and receive into without staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtrSupport {
+    pub host: bool,
+    pub cuda: bool,
+    pub dmabuf: bool,
+}
+
+/// Static facts about a transport, printed in the device table and used to pick transports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Properties {
+    /// Short name (`tcp`, `shm`, `verbs`, `inproc`).
+    pub name: &'static str,
+    /// Link speed in Mbit/s when known (NIC speed from sysfs), used for reporting only.
+    pub speed_mbps: Option<u64>,
+    /// Typical one-way latency in microseconds when known.
+    pub latency_us: Option<f64>,
+    pub ptr_support: PtrSupport,
+    /// Largest number of requests that may be in flight on one comm at once.
+    pub max_requests: usize,
+}
+
+/// A memory range handed to a transport. Constructing one is `unsafe` because the transport
+/// will read or write through the pointer for as long as a request using it is in flight.
+#[derive(Clone, Copy, Debug)]
+pub struct MemRegion {
+    ptr: *mut u8,
+    len: usize,
+    kind: MemoryKind,
+}
+
+// SAFETY: a MemRegion is only an address range; the code that creates it guarantees that the
+// memory stays valid and is not accessed concurrently while requests on it are in flight.
+unsafe impl Send for MemRegion {}
+unsafe impl Sync for MemRegion {}
+
+impl MemRegion {
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid (allocated, not moved) for as long as this region, or
+    /// any [`Registration`] made from it, is used by a transport.
+    pub unsafe fn new(ptr: *mut u8, len: usize, kind: MemoryKind) -> Self {
+        MemRegion { ptr, len, kind }
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+    /// Whether `ptr..ptr+len` lies inside this region.
+    pub fn contains(&self, ptr: *const u8, len: usize) -> bool {
+        let start = self.ptr as usize;
+        let p = ptr as usize;
+        p >= start
+            && p.checked_add(len)
+                .is_some_and(|end| end <= start + self.len)
+    }
+}
+
+/// A registered memory region. For TCP this is only bookkeeping; for verbs it carries the
+/// memory region keys, which is why every `isend`/`irecv` names one.
+#[derive(Debug)]
+pub struct Registration {
+    pub region: MemRegion,
+    /// Transport-specific key (an index into the transport's MR table, an lkey, ...).
+    pub key: u64,
+}
+
+impl Registration {
+    /// Every transport checks a request's buffer against its registration the same way: a
+    /// range outside it is a caller bug that would otherwise read or write stray memory.
+    pub fn check(&self, ptr: *const u8, len: usize) -> Result<()> {
+        if len > 0 && !self.region.contains(ptr, len) {
+            return Err(TransportError::OutsideRegistration);
+        }
+        Ok(())
+    }
+}
+
+/// Identifies one in-flight request on a comm. Request ids are small integers recycled by the
+/// comm, so the data path never allocates per message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(pub u32);
+
+/// A transport: a factory for listeners and outgoing connections.
+pub trait Transport: Send + Sync {
+    fn properties(&self) -> Properties;
+
+    /// Start listening for incoming connections. The handle goes to the peers.
+    fn listen(&self) -> Result<(Handle, Box<dyn Listener>)>;
+
+    /// Who this instance speaks for.
+    fn identity(&self) -> Identity;
+
+    /// Connect to the listener behind `handle`. Returns as soon as the connection is usable
+    /// for sending; it does not wait for the peer to call accept, so ranks may connect in any
+    /// order without deadlocking.
+    fn connect(&self, handle: &Handle, timeout: Duration) -> Result<Box<dyn SendComm>>;
+
+    /// Register memory for use in `isend`/`irecv`.
+    fn register(&self, region: MemRegion) -> Result<Registration> {
+        Ok(Registration { region, key: 0 })
+    }
+
+    /// Release a registration made by [`Transport::register`].
+    fn deregister(&self, _registration: Registration) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The accepting end of [`Transport::listen`].
+pub trait Listener: Send {
+    /// Wait for the next authenticated incoming connection. Connections that fail the
+    /// handshake (wrong magic, wrong job token) are dropped and waiting goes on.
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>>;
+}
+
+/// Sending half of a connection.
+pub trait SendComm: Send {
+    /// Queue `len` bytes at `ptr` for sending with `tag`. Messages on one comm are delivered in
+    /// the order they were posted.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must lie inside `registration` and stay valid and unmodified until
+    /// [`SendComm::test`] reports the request complete.
+    unsafe fn isend(
+        &mut self,
+        registration: &Registration,
+        ptr: *const u8,
+        len: usize,
+        tag: u32,
+    ) -> Result<RequestId>;
+
+    /// Make progress and report whether `request` is complete (`Some(bytes)`). A completed
+    /// request id may be reused by a later `isend`.
+    fn test(&mut self, request: RequestId) -> Result<Option<usize>>;
+
+    /// Rank of the peer this comm talks to (for error messages).
+    fn peer(&self) -> u32;
+
+    /// A file descriptor that becomes writable when `test` may make progress, so that a rank
+    /// with nothing to do can sleep in poll(2) instead of spinning. This matters whenever
+    /// ranks outnumber cores (eight ranks on a laptop): a spinning rank steals the core its
+    /// peer needs to produce the data it waits for. `None`: the caller must poll `test`.
+    fn readiness_fd(&self) -> Option<i32> {
+        None
+    }
+}
+
+/// Receiving half of a connection.
+pub trait RecvComm: Send {
+    /// Post a receive of at most `len` bytes into `ptr` for the next message. A message larger
+    /// than `len` or with another tag is an error ([`TransportError::Truncated`],
+    /// [`TransportError::TagMismatch`]): both mean the ranks disagree about the collective.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must lie inside `registration`, stay valid, and not be read or written by
+    /// anyone else until [`RecvComm::test`] reports the request complete.
+    unsafe fn irecv(
+        &mut self,
+        registration: &Registration,
+        ptr: *mut u8,
+        len: usize,
+        tag: u32,
+    ) -> Result<RequestId>;
+
+    /// Make progress and report whether `request` is complete (`Some(bytes received)`).
+    fn test(&mut self, request: RequestId) -> Result<Option<usize>>;
+
+    /// Rank of the peer this comm talks to (for error messages).
+    fn peer(&self) -> u32;
+
+    /// A file descriptor that becomes readable when `test` may make progress, so that a rank
+    /// with nothing to do can sleep in poll(2) instead of spinning. This matters whenever
+    /// ranks outnumber cores (eight ranks on a laptop): a spinning rank steals the core its
+    /// peer needs to produce the data it waits for. `None`: the caller must poll `test`.
+    fn readiness_fd(&self) -> Option<i32> {
+        None
+    }
+}

@@ -1,0 +1,239 @@
+//! Both transports must behave alike: that is what lets algorithm tests run on `inproc` and
+//! trust the result on TCP.
+
+use busbw_transports::inproc::InprocTransport;
+use busbw_transports::tcp::{TcpConfig, TcpTransport};
+use busbw_transports::{
+    Identity, MemRegion, MemoryKind, RecvComm, RequestId, SendComm, Transport, TransportError,
+};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+
+fn tcp(rank: u32, job: u64) -> Box<dyn Transport> {
+    Box::new(TcpTransport::new(
+        Identity { job, rank },
+        TcpConfig::default(),
+    ))
+}
+
+fn inproc(rank: u32, job: u64) -> Box<dyn Transport> {
+    Box::new(InprocTransport::new(Identity { job, rank }))
+}
+
+fn wait_send(
+    c: &mut dyn SendComm,
+    r: RequestId,
+    also: &mut dyn RecvComm,
+    ar: RequestId,
+) -> (usize, usize) {
+    let deadline = Instant::now() + T;
+    let (mut a, mut b) = (None, None);
+    while a.is_none() || b.is_none() {
+        assert!(Instant::now() < deadline, "timed out");
+        if a.is_none() {
+            a = c.test(r).unwrap();
+        }
+        if b.is_none() {
+            b = also.test(ar).unwrap();
+        }
+    }
+    (a.unwrap(), b.unwrap())
+}
+
+fn round_trip(mk: fn(u32, u64) -> Box<dyn Transport>) {
+    let a = mk(0, 42);
+    let b = mk(1, 42);
+    let (handle, mut listener) = b.listen().unwrap();
+    let mut send = a.connect(&handle, T).unwrap();
+    let mut recv = listener.accept(T).unwrap();
+    assert_eq!(recv.peer(), 0);
+    assert_eq!(send.peer(), 1);
+
+    // Large enough to exceed socket buffers, so partial reads and writes happen.
+    let n = 24 << 20;
+    let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+    let mut dst = vec![0u8; n + 64];
+    let sreg = a
+        .register(unsafe { MemRegion::new(src.as_ptr() as *mut u8, n, MemoryKind::Host) })
+        .unwrap();
+    let rreg = b
+        .register(unsafe { MemRegion::new(dst.as_mut_ptr(), n + 64, MemoryKind::Host) })
+        .unwrap();
+    for (tag, len) in [(5u32, n), (6, 0), (7, 1), (8, 1000)] {
+        let rr = unsafe { recv.irecv(&rreg, dst.as_mut_ptr(), n + 64, tag) }.unwrap();
+        let sr = unsafe { send.isend(&sreg, src.as_ptr(), len, tag) }.unwrap();
+        let (s, r) = wait_send(send.as_mut(), sr, recv.as_mut(), rr);
+        assert_eq!((s, r), (len, len));
+        assert_eq!(&dst[..len], &src[..len]);
+    }
+
+    // A tag the receiver does not expect means the ranks are out of step.
+    let rr = unsafe { recv.irecv(&rreg, dst.as_mut_ptr(), 16, 1) }.unwrap();
+    let _ = unsafe { send.isend(&sreg, src.as_ptr(), 8, 2) }.unwrap();
+    let err = loop {
+        match recv.test(rr) {
+            Ok(None) => {
+                let _ = send.test(RequestId(0));
+            }
+            Ok(Some(_)) => panic!("mismatched tag accepted"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            err,
+            TransportError::TagMismatch {
+                peer: 0,
+                expected: 1,
+                got: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn tcp_round_trip() {
+    round_trip(tcp);
+}
+
+#[test]
+fn inproc_round_trip() {
+    round_trip(inproc);
+}
+
+fn truncation(mk: fn(u32, u64) -> Box<dyn Transport>) {
+    let a = mk(3, 1);
+    let b = mk(4, 1);
+    let (handle, mut listener) = b.listen().unwrap();
+    let mut send = a.connect(&handle, T).unwrap();
+    let mut recv = listener.accept(T).unwrap();
+    let src = [1u8; 100];
+    let mut dst = vec![0u8; 100];
+    let sreg = a
+        .register(unsafe { MemRegion::new(src.as_ptr() as *mut u8, 100, MemoryKind::Host) })
+        .unwrap();
+    let rreg = b
+        .register(unsafe { MemRegion::new(dst.as_mut_ptr(), 100, MemoryKind::Host) })
+        .unwrap();
+    let rr = unsafe { recv.irecv(&rreg, dst.as_mut_ptr(), 10, 0) }.unwrap();
+    let _sr = unsafe { send.isend(&sreg, src.as_ptr(), 100, 0) }.unwrap();
+    let deadline = Instant::now() + T;
+    let err = loop {
+        assert!(Instant::now() < deadline);
+        match recv.test(rr) {
+            Ok(None) => {}
+            Ok(Some(_)) => panic!("oversized message accepted"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            err,
+            TransportError::Truncated {
+                peer: 3,
+                sent: 100,
+                posted: 10
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("rank 3"), "{err}");
+}
+
+#[test]
+fn tcp_truncation_is_an_error() {
+    truncation(tcp);
+}
+
+#[test]
+fn inproc_truncation_is_an_error() {
+    truncation(inproc);
+}
+
+fn peer_closed(mk: fn(u32, u64) -> Box<dyn Transport>) {
+    let a = mk(2, 9);
+    let b = mk(5, 9);
+    let (handle, mut listener) = b.listen().unwrap();
+    let send = a.connect(&handle, T).unwrap();
+    let mut recv = listener.accept(T).unwrap();
+    drop(send);
+    let mut dst = vec![0u8; 8];
+    let rreg = b
+        .register(unsafe { MemRegion::new(dst.as_mut_ptr(), 8, MemoryKind::Host) })
+        .unwrap();
+    let rr = unsafe { recv.irecv(&rreg, dst.as_mut_ptr(), 8, 0) }.unwrap();
+    let deadline = Instant::now() + T;
+    let err = loop {
+        assert!(Instant::now() < deadline);
+        match recv.test(rr) {
+            Ok(None) => std::thread::yield_now(),
+            Ok(Some(_)) => panic!("received from a closed peer"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, TransportError::PeerClosed { peer: 2 }),
+        "{err}"
+    );
+}
+
+#[test]
+fn tcp_peer_closed_names_the_peer() {
+    peer_closed(tcp);
+}
+
+#[test]
+fn inproc_peer_closed_names_the_peer() {
+    peer_closed(inproc);
+}
+
+/// Strangers (garbage, another job's token) are dropped; the real peer still gets through.
+#[test]
+fn tcp_refuses_stray_connections() {
+    let b = tcp(1, 77);
+    let (handle, mut listener) = b.listen().unwrap();
+    let text = String::from_utf8(handle.0.clone()).unwrap();
+    let addr = text.split("addr=").nth(1).unwrap().to_string();
+
+    let mut garbage = std::net::TcpStream::connect(&addr).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxx")
+        .unwrap();
+    let other_job = tcp(0, 78);
+    let _wrong = other_job.connect(&handle, T).unwrap();
+    let right = tcp(6, 77);
+    let _ok = right.connect(&handle, T).unwrap();
+
+    let recv = listener.accept(T).unwrap();
+    assert_eq!(
+        recv.peer(),
+        6,
+        "only the connection from our job is accepted"
+    );
+    let err = match listener.accept(Duration::from_millis(300)) {
+        Err(e) => e,
+        Ok(_) => panic!("a stray connection was accepted"),
+    };
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+}
+
+#[test]
+fn tcp_connect_to_nothing_times_out_naming_the_peer() {
+    let a = tcp(0, 1);
+    // Grab a free port and close it so nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let h =
+        busbw_transports::Handle(format!("busbw-tcp/1 rank=9 addr=127.0.0.1:{port}").into_bytes());
+    let err = match a.connect(&h, Duration::from_millis(300)) {
+        Err(e) => e,
+        Ok(_) => panic!("connected to nothing"),
+    };
+    assert!(err.to_string().contains("rank 9"), "{err}");
+}
