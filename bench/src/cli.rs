@@ -2,6 +2,7 @@
 //! -a -N -T ...`) so that existing runbooks work unchanged; `--np` and `--min-busbw` are ours.
 
 use crate::sizes::parse_size;
+use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use clap::{Args, Parser, Subcommand};
 
@@ -23,22 +24,68 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// One subcommand per nccl-tests binary, named as the binary is.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// AllReduce bandwidth and correctness sweep (ring: reduce-scatter + all-gather).
+    /// AllReduce (ring: reduce-scatter + all-gather).
     #[command(name = "all_reduce_perf", visible_alias = "all_reduce")]
-    AllReducePerf(PerfArgs),
+    AllReduce(PerfArgs),
+    /// AllGather (ring).
+    #[command(name = "all_gather_perf", visible_alias = "all_gather")]
+    AllGather(PerfArgs),
+    /// Broadcast from -r (pipelined chain).
+    #[command(name = "broadcast_perf", visible_alias = "broadcast")]
+    Broadcast(PerfArgs),
+    /// ReduceScatter (ring).
+    #[command(name = "reduce_scatter_perf", visible_alias = "reduce_scatter")]
+    ReduceScatter(PerfArgs),
+    /// Reduce to -r (pipelined chain).
+    #[command(name = "reduce_perf", visible_alias = "reduce")]
+    Reduce(PerfArgs),
+    /// AlltoAll (grouped send/recv with every peer).
+    #[command(name = "alltoall_perf", visible_alias = "alltoall")]
+    Alltoall(PerfArgs),
+    /// Scatter from -r.
+    #[command(name = "scatter_perf", visible_alias = "scatter")]
+    Scatter(PerfArgs),
+    /// Gather to -r.
+    #[command(name = "gather_perf", visible_alias = "gather")]
+    Gather(PerfArgs),
+    /// Send to rank+1 while receiving from rank-1.
+    #[command(name = "sendrecv_perf", visible_alias = "sendrecv")]
+    Sendrecv(PerfArgs),
+    /// Recursive-doubling AllGather (power-of-two rank counts).
+    #[command(name = "hypercube_perf", visible_alias = "hypercube")]
+    Hypercube(PerfArgs),
 }
 
 impl Command {
     pub fn program(&self) -> &'static str {
         match self {
-            Command::AllReducePerf(_) => "all_reduce_perf",
+            Command::AllReduce(_) => "all_reduce_perf",
+            Command::AllGather(_) => "all_gather_perf",
+            Command::Broadcast(_) => "broadcast_perf",
+            Command::ReduceScatter(_) => "reduce_scatter_perf",
+            Command::Reduce(_) => "reduce_perf",
+            Command::Alltoall(_) => "alltoall_perf",
+            Command::Scatter(_) => "scatter_perf",
+            Command::Gather(_) => "gather_perf",
+            Command::Sendrecv(_) => "sendrecv_perf",
+            Command::Hypercube(_) => "hypercube_perf",
         }
     }
     pub fn args(&self) -> &PerfArgs {
         match self {
-            Command::AllReducePerf(a) => a,
+            Command::AllReduce(a)
+            | Command::AllGather(a)
+            | Command::Broadcast(a)
+            | Command::ReduceScatter(a)
+            | Command::Reduce(a)
+            | Command::Alltoall(a)
+            | Command::Scatter(a)
+            | Command::Gather(a)
+            | Command::Sendrecv(a)
+            | Command::Hypercube(a) => a,
         }
     }
 }
@@ -66,6 +113,39 @@ fn parse_op(s: &str) -> Result<Choice<ReduceOp>, String> {
     s.parse()
         .map(Choice::One)
         .map_err(|e: busbw_collectives::ParseNameError| e.to_string())
+}
+
+/// `--algo` / `NCCL_ALGO`. Besides `ring`, `tree` and `auto`, NCCL's list syntax is
+/// understood as far as it concerns these two: `Ring,Tree` (either: auto), `^Tree` (all but
+/// tree: ring), `^Ring` (tree), so an environment set up for NCCL means the same here.
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (negate, list) = match t.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, t.as_str()),
+    };
+    let names: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .collect();
+    let has = |a: &str| names.contains(&a);
+    let known = names
+        .iter()
+        .all(|n| matches!(*n, "ring" | "tree" | "auto" | "default"));
+    let algo = match (negate, has("ring"), has("tree")) {
+        _ if !known || names.is_empty() => None,
+        (false, _, _) if has("auto") || has("default") => Some(Algo::Auto),
+        (false, true, true) => Some(Algo::Auto),
+        (false, true, false) => Some(Algo::Ring),
+        (false, false, true) => Some(Algo::Tree),
+        (true, true, false) => Some(Algo::Tree),
+        (true, false, true) => Some(Algo::Ring),
+        _ => None,
+    };
+    algo.ok_or_else(|| {
+        format!("unknown algorithm '{s}'; expected ring, tree or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
+    })
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -98,10 +178,10 @@ pub struct PerfArgs {
     /// Validation iterations per size and placement (0 disables checking: #wrong shows N/A).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u32,
-    /// Reduction: sum, prod, max, min, avg, or all.
+    /// Reduction: sum, prod, max, min, avg, mulsum (premultiplied sum), or all.
     #[arg(short = 'o', long = "op", default_value = "sum", value_parser = parse_op)]
     pub op: Choice<ReduceOp>,
-    /// Data type: int8 uint8 int32 uint32 int64 uint64 float double, or all.
+    /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2, or all.
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
     pub dtype: Choice<DataType>,
     /// How per-rank times are combined: 0 rank 0's own, 1 mean, 2 min, 3 max.
@@ -120,9 +200,18 @@ pub struct PerfArgs {
     /// GPUs per thread (nccl-tests compatibility; only 1 is supported).
     #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
     pub ngpus: u32,
-    /// Root rank for rooted collectives (ignored by all_reduce, which prints -1).
-    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    /// Root rank of broadcast, reduce, scatter and gather; -1 loops over every rank.
+    #[arg(
+        short = 'r',
+        long = "root",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub root: i64,
+    /// AllReduce algorithm: ring, tree (double binary tree), or auto (chosen per size from a
+    /// cost model calibrated at start; adds an `algo` column to the table).
+    #[arg(long = "algo", env = "NCCL_ALGO", default_value = "ring", value_parser = parse_algo)]
+    pub algo: Algo,
     /// Spawn this many local ranks on 127.0.0.1 (1: run in this process).
     #[arg(long = "np", default_value_t = 1)]
     pub np: usize,
@@ -132,4 +221,22 @@ pub struct PerfArgs {
     /// Test hook: corrupt one result element on this rank after each validation run.
     #[arg(long = "debug-corrupt-rank", hide = true)]
     pub debug_corrupt_rank: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algo_accepts_nccl_spellings() {
+        assert_eq!(parse_algo("ring"), Ok(Algo::Ring));
+        assert_eq!(parse_algo("Tree"), Ok(Algo::Tree));
+        assert_eq!(parse_algo("AUTO"), Ok(Algo::Auto));
+        assert_eq!(parse_algo("Ring,Tree"), Ok(Algo::Auto));
+        assert_eq!(parse_algo("^Tree"), Ok(Algo::Ring));
+        assert_eq!(parse_algo("^ring"), Ok(Algo::Tree));
+        assert!(parse_algo("collnet").unwrap_err().contains("collnet"));
+        assert!(parse_algo("^ring,tree").is_err());
+        assert!(parse_algo("").is_err());
+    }
 }

@@ -5,10 +5,11 @@
 //! and validation after timing.
 
 use crate::plan::{Average, Plan};
-use crate::specs::{Counts, DataCtx};
+use crate::specs::{Counts, DataCtx, Redop};
 use anyhow::{Context, Result};
+use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
-use busbw_collectives::{all_reduce_values, barrier, Communicator, HostBuffer, ReduceOp};
+use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, HostBuffer, ReduceOp};
 use busbw_reports::{Cell, Row, Sink};
 use std::time::Instant;
 
@@ -62,6 +63,8 @@ pub fn run(
             max_recv = max_recv.max(c.recv_bytes);
         }
     }
+    // In place, one buffer holds the larger of the two layouts.
+    let max_recv = max_recv.max(max_send);
     let mut bufs = Buffers {
         send: alloc(max_send, "send", rank)?,
         recv: alloc(max_recv, "receive", rank)?,
@@ -73,76 +76,119 @@ pub fn run(
     };
     let mut summary = Summary::default();
     let mut seed = 0u64;
+    let roots = plan.roots(n).map_err(anyhow::Error::msg)?;
+    // Auto needs the job's cost model; measuring it is a collective, so every rank does it
+    // here, at the same point, and gets the same model.
+    let model = if plan.algo == Algo::Auto {
+        Some(calibrate(comm).context("calibrating the cost model for --algo auto")?)
+    } else {
+        None
+    };
 
     for &dtype in &plan.dtypes {
         for &op in &plan.ops {
-            barrier(comm).context("barrier before the sweep")?;
-            for &size in &plan.warmup_sizes {
-                let counts = (spec.counts)(size, dtype, n);
-                let ctx = DataCtx {
+            for &root in &roots {
+                let c = Combo {
                     dtype,
                     op,
-                    seed: 0,
-                    rank,
-                    nranks: n,
-                    counts,
-                    in_place: false,
+                    root,
+                    model,
                 };
-                for _ in 0..plan.warmup_iters {
-                    (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &ctx)
-                        .with_context(|| format!("warmup at {size} bytes"))?;
-                }
-            }
-            let mut cycle = 0;
-            while plan.cycles == 0 || cycle < plan.cycles {
-                cycle += 1;
-                for &size in &plan.sizes {
-                    let counts = (spec.counts)(size, dtype, n);
-                    let mut cells = [None, None];
-                    for (i, in_place) in [false, true].into_iter().enumerate() {
-                        let ctx = DataCtx {
-                            dtype,
-                            op,
-                            seed: 99,
-                            rank,
-                            nranks: n,
-                            counts,
-                            in_place,
-                        };
-                        let cell = bench(comm, plan, &ctx, &mut bufs, &mut seed, &mut summary)
-                            .with_context(|| {
-                                format!(
-                                    "{} {dtype} {op} at {} bytes ({})",
-                                    spec.program,
-                                    counts.size(),
-                                    if in_place { "in-place" } else { "out-of-place" }
-                                )
-                            })?;
-                        summary.busbw_sum += cell.busbw;
-                        summary.busbw_cells += 1;
-                        cells[i] = Some(cell);
-                    }
-                    if let (Some(sink), [Some(oop), Some(ip)]) = (sink.as_deref_mut(), cells) {
-                        sink.row(&Row {
-                            size: counts.size() as u64,
-                            count: counts.count as u64,
-                            dtype: dtype.name().into(),
-                            redop: if spec.reduces {
-                                op.name().into()
-                            } else {
-                                "none".into()
-                            },
-                            root: -1,
-                            out_of_place: oop,
-                            in_place: ip,
-                        })
-                        .context("writing the result table")?;
-                    }
-                }
+                sweep(comm, plan, &mut bufs, c, &mut seed, &mut summary, &mut sink)?;
             }
         }
     }
     Ok(summary)
+}
+
+/// What one sweep runs.
+#[derive(Clone, Copy)]
+struct Combo {
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    model: Option<CostModel>,
+}
+
+/// One (type, op, root) sweep: nccl-tests' `TimeTest`.
+fn sweep(
+    comm: &mut Communicator,
+    plan: &Plan,
+    bufs: &mut Buffers,
+    Combo {
+        dtype,
+        op,
+        root,
+        model,
+    }: Combo,
+    seed: &mut u64,
+    summary: &mut Summary,
+    sink: &mut Option<&mut dyn Sink>,
+) -> Result<()> {
+    let spec = plan.spec;
+    let (rank, n) = (comm.rank(), comm.size());
+    let ctx_for = |counts, seed, in_place| DataCtx {
+        dtype,
+        op,
+        seed,
+        rank,
+        nranks: n,
+        root,
+        counts,
+        in_place,
+        algo: plan.algo,
+        model,
+    };
+    barrier(comm).context("barrier before the sweep")?;
+    for &size in &plan.warmup_sizes {
+        let ctx = ctx_for((spec.counts)(size, dtype, n), 0, false);
+        for _ in 0..plan.warmup_iters {
+            (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &ctx)
+                .with_context(|| format!("warmup at {size} bytes"))?;
+        }
+    }
+    let mut cycle = 0;
+    while plan.cycles == 0 || cycle < plan.cycles {
+        cycle += 1;
+        for &size in &plan.sizes {
+            let counts = (spec.counts)(size, dtype, n);
+            let mut cells = [None, None];
+            for (i, in_place) in [false, true].into_iter().enumerate() {
+                let ctx = ctx_for(counts, 99, in_place);
+                let cell = bench(comm, plan, &ctx, bufs, seed, summary).with_context(|| {
+                    format!(
+                        "{} {dtype} {op} at {} bytes ({})",
+                        spec.program,
+                        counts.size(),
+                        if in_place { "in-place" } else { "out-of-place" }
+                    )
+                })?;
+                summary.busbw_sum += cell.busbw;
+                summary.busbw_cells += 1;
+                cells[i] = Some(cell);
+            }
+            if let (Some(sink), [Some(oop), Some(ip)]) = (sink.as_deref_mut(), cells) {
+                sink.row(&Row {
+                    size: counts.size() as u64,
+                    count: counts.count as u64,
+                    dtype: dtype.name().into(),
+                    redop: match spec.redop {
+                        Redop::Fixed(label) => label.into(),
+                        Redop::Reduces | Redop::Prints => op.name().into(),
+                    },
+                    root: if spec.rooted { root as i64 } else { -1 },
+                    out_of_place: oop,
+                    in_place: ip,
+                    extra: match model {
+                        Some(m) => vec![m.choose(counts.send_bytes, n).name().into()],
+                        None => vec![],
+                    },
+                })
+                .context("writing the result table")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn bench(
@@ -160,6 +206,7 @@ fn bench(
         recv_bytes,
         ..
     } = ctx.counts;
+    let span = send_bytes.max(recv_bytes);
     if plan.check > 0 {
         (spec.init)(
             ctx,
@@ -174,7 +221,6 @@ fn bench(
 
     // Rotate the buffer offset across iterations, as nccl-tests does, so that small sizes
     // do not run from cache and pointer-reuse races would surface.
-    let span = send_bytes.max(recv_bytes);
     let shifts = bufs
         .send
         .len()
@@ -189,7 +235,7 @@ fn bench(
         let send = bufs.send.as_slice();
         let s = &send[off.min(send.len().saturating_sub(send_bytes))..];
         let recv = bufs.recv.as_mut_slice();
-        let roff = off.min(recv.len().saturating_sub(recv_bytes));
+        let roff = off.min(recv.len().saturating_sub(span));
         (spec.run)(comm, s, &mut recv[roff..], ctx)?;
     }
     let mut secs = [start.elapsed().as_secs_f64() / total_ops as f64];
@@ -210,15 +256,17 @@ fn bench(
     };
     let busbw = algbw * (spec.busbw_factor)(n);
 
-    let wrong = if plan.check > 0 {
+    let validate = plan.check > 0 && (spec.checks_in_place || !ctx.in_place);
+    let wrong = if validate {
         let mut local = 0u64;
+        let checked = (spec.checked)(ctx);
         for _ in 0..plan.check {
             *seed += 1;
             let vctx = DataCtx {
                 seed: *seed,
                 ..*ctx
             };
-            bufs.recv.as_mut_slice()[..recv_bytes].fill(0);
+            bufs.recv.as_mut_slice()[..span].fill(0);
             let expected = bufs.expected.as_mut().map(|e| e.as_mut_slice());
             (spec.init)(
                 &vctx,
@@ -227,15 +275,15 @@ fn bench(
                 expected,
             );
             (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &vctx)?;
-            if plan.corrupt_rank == Some(ctx.rank) && recv_bytes > 0 {
-                bufs.recv.as_mut_slice()[0] ^= 0x01;
+            if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
+                bufs.recv.as_mut_slice()[checked.start] ^= 0x01;
             }
             if let Some(e) = &bufs.expected {
                 local = count_wrong(
                     ctx.dtype,
                     ctx.op,
-                    &bufs.recv.as_slice()[..recv_bytes],
-                    &e.as_slice()[..recv_bytes],
+                    &bufs.recv.as_slice()[checked.clone()],
+                    &e.as_slice()[..checked.len()],
                 );
             }
             if local > 0 {

@@ -8,6 +8,7 @@ use crate::plan::Plan;
 use crate::session::{join_rendezvous, Session};
 use crate::specs::CollectiveSpec;
 use anyhow::Result;
+use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
 use busbw_launchers::{local, LocalLaunch, StoreError, World};
 use busbw_reports::{Footer, RunHeader, Sink, TextTable};
@@ -154,6 +155,13 @@ fn run_rank(world: World, plan: &Plan) -> i32 {
 
 fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
     let rank0 = session.comm.rank() == 0;
+    if let Err(msg) = plan.roots(session.comm.size()) {
+        if rank0 {
+            eprintln!("busbw: error: {msg}");
+        }
+        session.finish()?;
+        return Ok(exit::USAGE);
+    }
     let mut table = TextTable::new(std::io::stdout().lock());
     let header = RunHeader {
         program: plan.spec.program.into(),
@@ -174,12 +182,28 @@ fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
         graph: 0,
         unalign: 0,
         devices: session.devices.clone(),
+        extra_columns: if plan.algo == Algo::Auto {
+            vec!["algo".into()]
+        } else {
+            vec![]
+        },
     };
     if rank0 {
         table.header(&header)?;
     }
-    let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
-    let summary = harness::run(&mut session.comm, plan, sink)?;
+    let n = session.comm.size();
+    let summary = match (plan.spec.skip)(n) {
+        Some(why) => {
+            if rank0 {
+                table.note(&why)?;
+            }
+            harness::Summary::default()
+        }
+        None => {
+            let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
+            harness::run(&mut session.comm, plan, sink)?
+        }
+    };
     let footer = Footer {
         program: plan.spec.program.into(),
         out_of_bounds: summary.out_of_bounds,

@@ -3,7 +3,8 @@
 
 use crate::cli::{Choice, PerfArgs};
 use crate::sizes;
-use crate::specs::CollectiveSpec;
+use crate::specs::{CollectiveSpec, Redop};
+use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_reports::Step;
 use std::time::Duration;
@@ -31,18 +32,16 @@ pub struct Plan {
     pub check: u32,
     pub dtypes: Vec<DataType>,
     pub ops: Vec<ReduceOp>,
+    /// `-r`: a root, or -1 for every rank in turn.
+    pub root: i64,
+    /// AllReduce algorithm (collectives without a choice ignore it).
+    pub algo: Algo,
     pub average: Average,
     /// 0: repeat until interrupted.
     pub cycles: u32,
     pub timeout: Duration,
     pub min_busbw: Option<f64>,
     pub corrupt_rank: Option<usize>,
-}
-
-impl std::fmt::Debug for CollectiveSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.program)
-    }
 }
 
 impl Plan {
@@ -96,11 +95,17 @@ impl Plan {
             Choice::All => DataType::ALL.to_vec(),
             Choice::One(d) => vec![*d],
         };
-        let ops = match (&a.op, spec.reduces) {
-            (_, false) => vec![ReduceOp::Sum],
-            (Choice::All, true) => ReduceOp::ALL.to_vec(),
-            (Choice::One(o), true) => vec![*o],
+        let ops = match (&a.op, spec.redop) {
+            (_, Redop::Fixed(_)) => vec![ReduceOp::Sum],
+            (Choice::All, _) => ReduceOp::ALL.to_vec(),
+            (Choice::One(o), _) => vec![*o],
         };
+        if a.root < -1 {
+            return Err(format!(
+                "-r {}: give a rank number, or -1 for every rank",
+                a.root
+            ));
+        }
         let average = match a.average {
             0 => Average::Rank0,
             2 => Average::Min,
@@ -121,6 +126,8 @@ impl Plan {
             check: a.check,
             dtypes,
             ops,
+            root: a.root,
+            algo: if spec.algos { a.algo } else { Algo::Ring },
             average,
             cycles: a.run_cycles,
             timeout,
@@ -129,11 +136,26 @@ impl Plan {
         })
     }
 
+    /// Roots to run for a communicator of `n` ranks.
+    pub fn roots(&self, n: usize) -> Result<Vec<usize>, String> {
+        if !self.spec.rooted {
+            return Ok(vec![0]);
+        }
+        match usize::try_from(self.root) {
+            Err(_) => Ok((0..n).collect()),
+            Ok(r) if r < n => Ok(vec![r]),
+            Ok(r) => Err(format!(
+                "-r {r}: the job has {n} ranks (0..{}); give one of them, or -1 for all",
+                n - 1
+            )),
+        }
+    }
+
     /// What every rank must agree on; compared at rendezvous so that ranks started with
     /// different flags (or binaries) fail at once instead of deadlocking mid-sweep.
     pub fn fingerprint(&self) -> String {
         format!(
-            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {:?} {}",
+            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {:?} {}",
             env!("CARGO_PKG_VERSION"),
             self.spec,
             self.min_bytes,
@@ -145,6 +167,8 @@ impl Plan {
             self.check,
             self.dtypes,
             self.ops,
+            self.root,
+            self.algo,
             self.average,
             self.cycles
         )

@@ -196,21 +196,25 @@ impl Session {
             .map(Handle)
             .collect();
 
+        // Every rank learns every rank's host: the tree chains the ranks of one host, so all
+        // must agree on the node map; rank 0 also prints it.
+        let info_keys = all("info");
+        let infos = store.wait(
+            &info_keys.iter().map(String::as_str).collect::<Vec<_>>(),
+            timeout,
+        )?;
         let mut devices = Vec::new();
-        if rank == 0 {
-            let info_keys = all("info");
-            let infos = store.wait(
-                &info_keys.iter().map(String::as_str).collect::<Vec<_>>(),
-                timeout,
-            )?;
-            for (r, raw) in infos.iter().enumerate() {
-                let text = String::from_utf8_lossy(raw);
-                let mut f = text.split('\t');
-                let host = f.next().unwrap_or("?").to_string();
-                let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                devices.push(device_info(r, pid, &host, local, "tcp"));
-            }
+        for (r, raw) in infos.iter().enumerate() {
+            let text = String::from_utf8_lossy(raw);
+            let mut f = text.split('\t');
+            let host = f.next().unwrap_or("?").to_string();
+            let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            devices.push(device_info(r, pid, &host, local, "tcp"));
+        }
+        let nodes = node_map(devices.iter().map(|d| d.hostname.as_str()));
+        if rank != 0 {
+            devices.clear();
         }
 
         let abort = Abort::new();
@@ -221,6 +225,7 @@ impl Session {
             handles,
             comm_config(plan, &abort),
         )?;
+        comm.set_nodes(nodes)?;
         comm.connect_ring()?;
         Ok((comm, devices, abort))
     }
@@ -232,6 +237,21 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Node index per rank: ranks on the same host share one, numbered in order of first
+/// appearance (so rank 0's host is node 0).
+fn node_map<'a>(hosts: impl Iterator<Item = &'a str>) -> Vec<usize> {
+    let mut seen: Vec<&str> = Vec::new();
+    hosts
+        .map(|h| match seen.iter().position(|s| *s == h) {
+            Some(i) => i,
+            None => {
+                seen.push(h);
+                seen.len() - 1
+            }
+        })
+        .collect()
 }
 
 /// Join a multi-rank job's rendezvous.
@@ -249,5 +269,17 @@ fn comm_config(plan: &Plan, abort: &Abort) -> CommConfig {
         timeout: plan.timeout,
         abort: abort.clone(),
         ..CommConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_follow_hostnames() {
+        let hosts = ["b.example", "a", "b.example", "c", "a"];
+        assert_eq!(node_map(hosts.into_iter()), vec![0, 1, 0, 2, 1]);
+        assert_eq!(node_map(["x"; 3].into_iter()), vec![0, 0, 0]);
     }
 }

@@ -16,6 +16,7 @@ fn busbw() -> Command {
         "MASTER_ADDR",
         "MASTER_PORT",
         "NCCL_TESTS_MIN_BW",
+        "NCCL_ALGO",
         "BUSBW_STORE_FD",
     ] {
         c.env_remove(v);
@@ -278,15 +279,21 @@ fn every_dtype_and_op() {
         text(&out.stderr)
     );
     let rows = rows(&stdout);
-    assert_eq!(rows.len(), 8 * 5, "{stdout}");
-    let mut combos: Vec<(String, String)> = rows
+    // nccl-tests' orders for -d all and -o all.
+    let types = [
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
+        "bfloat16", "f8e4m3", "f8e5m2",
+    ];
+    let ops = ["sum", "prod", "max", "min", "avg", "mulsum"];
+    let want: Vec<(String, String)> = types
+        .iter()
+        .flat_map(|t| ops.iter().map(move |o| (t.to_string(), o.to_string())))
+        .collect();
+    let combos: Vec<(String, String)> = rows
         .iter()
         .map(|r| (r.dtype.clone(), r.redop.clone()))
         .collect();
-    combos.dedup();
-    assert_eq!(combos.len(), 40);
-    assert_eq!(combos[0], ("int8".into(), "sum".into()));
-    assert_eq!(combos[39], ("double".into(), "avg".into()));
+    assert_eq!(combos, want, "{stdout}");
     assert!(
         rows.iter().all(|r| r.oop_wrong == "0" && r.ip_wrong == "0"),
         "{stdout}"
@@ -544,4 +551,240 @@ fn stopped_rank_times_out_naming_it() {
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Expected (size, count) columns for a requested size, straight from nccl-tests' rules.
+fn geometry(coll: &str, bytes: u64, ts: u64, n: u64) -> (u64, u64) {
+    let count = bytes / ts;
+    let align = (16 / ts).max(1);
+    let pr = count / n / align * align;
+    match coll {
+        "all_reduce" | "broadcast" | "reduce" | "sendrecv" => (count * ts, count),
+        _ => (pr * n * ts, pr),
+    }
+}
+
+fn subcommand_on_all_rank_counts(coll: &str) {
+    for np in [1u64, 2, 3, 5, 8] {
+        let program = format!("{coll}_perf");
+        let nps = np.to_string();
+        let out = run(&[
+            &program, "--np", &nps, "-b", "8", "-e", "512", "-f", "8", "-n", "1", "-w", "1", "-r",
+            "-1", "-d", "double",
+        ]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{coll} np={np}\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        let rows = rows(&stdout);
+        if coll == "hypercube" && !np.is_power_of_two() {
+            assert!(rows.is_empty());
+            assert!(
+                stdout.contains(&format!("\nnRanks {np} is not a power of 2, skipping\n")),
+                "{stdout}"
+            );
+            continue;
+        }
+        let rooted = matches!(coll, "broadcast" | "reduce" | "scatter" | "gather");
+        let roots = if rooted { np } else { 1 };
+        assert_eq!(
+            rows.len() as u64,
+            3 * roots,
+            "{coll} np={np}: sizes 8, 64, 512 (x roots)\n{stdout}"
+        );
+        for (i, r) in rows.iter().enumerate() {
+            let want = geometry(coll, [8, 64, 512][i % 3], 8, np);
+            assert_eq!((r.size, r.count), want, "{coll} np={np} row {i}");
+            let redop = match coll {
+                "all_reduce" | "reduce_scatter" | "reduce" | "sendrecv" => "sum",
+                _ => "none",
+            };
+            assert_eq!(r.redop, redop, "{coll}");
+            let root = if rooted { (i / 3) as i64 } else { -1 };
+            assert_eq!(r.root, root, "{coll} np={np} row {i}");
+            assert_eq!(r.oop_wrong, "0", "{coll} np={np}\n{stdout}");
+            let in_place = if coll == "alltoall" { "N/A" } else { "0" };
+            assert_eq!(r.ip_wrong, in_place, "{coll} np={np}\n{stdout}");
+        }
+    }
+}
+
+macro_rules! subcommand_tests {
+    ($($name:ident => $coll:literal),* $(,)?) => {
+        $(#[test] fn $name() { subcommand_on_all_rank_counts($coll); })*
+    };
+}
+
+subcommand_tests! {
+    all_reduce_on_1_2_3_5_8 => "all_reduce",
+    all_gather_on_1_2_3_5_8 => "all_gather",
+    broadcast_on_1_2_3_5_8 => "broadcast",
+    reduce_scatter_on_1_2_3_5_8 => "reduce_scatter",
+    reduce_on_1_2_3_5_8 => "reduce",
+    alltoall_on_1_2_3_5_8 => "alltoall",
+    scatter_on_1_2_3_5_8 => "scatter",
+    gather_on_1_2_3_5_8 => "gather",
+    sendrecv_on_1_2_3_5_8 => "sendrecv",
+}
+
+/// Hypercube prints an empty redop column, so its rows have 12 fields.
+#[test]
+fn hypercube_on_1_2_3_5_8() {
+    for np in [1u64, 2, 3, 5, 8] {
+        let nps = np.to_string();
+        let out = run(&[
+            "hypercube_perf",
+            "--np",
+            &nps,
+            "-b",
+            "8",
+            "-e",
+            "512",
+            "-f",
+            "8",
+            "-n",
+            "1",
+            "-d",
+            "double",
+        ]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "np={np}\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        let data: Vec<&str> = stdout
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .collect();
+        if !np.is_power_of_two() {
+            assert_eq!(
+                data,
+                vec![format!("nRanks {np} is not a power of 2, skipping")]
+            );
+            continue;
+        }
+        assert_eq!(data.len(), 3, "{stdout}");
+        for (i, l) in data.iter().enumerate() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 12, "{l}");
+            let want = geometry("hypercube", [8, 64, 512][i], 8, np);
+            assert_eq!(
+                (f[0].parse::<u64>().unwrap(), f[1].parse::<u64>().unwrap()),
+                want
+            );
+            assert_eq!((f[2], f[3]), ("double", "-1"));
+            assert_eq!((f[7], f[11]), ("0", "0"), "{l}");
+            // The redop column is empty but keeps its width.
+            assert_eq!(&l[40..46], "      ", "{l:?}");
+        }
+    }
+}
+
+#[test]
+fn root_out_of_range_is_a_usage_error() {
+    let out = run(&[
+        "broadcast_perf",
+        "--np",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-r",
+        "5",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("-r 5"), "{}", text(&out.stderr));
+}
+
+/// The double binary tree validates on every rank count, and `auto` adds its column.
+#[test]
+fn all_reduce_tree_and_auto() {
+    for np in ["1", "2", "3", "5", "8"] {
+        let out = run(&[
+            "all_reduce_perf",
+            "--np",
+            np,
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "1",
+            "--algo",
+            "tree",
+            "-o",
+            "all",
+        ]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "np={np}\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        assert!(
+            rows(&stdout)
+                .iter()
+                .all(|r| r.oop_wrong == "0" && r.ip_wrong == "0"),
+            "{stdout}"
+        );
+    }
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "3",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "1",
+        "--algo",
+        "auto",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("  #wrong    algo\n"), "{stdout}");
+    let data: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert_eq!(data.len(), 5);
+    for l in data {
+        assert!(l.ends_with("    ring") || l.ends_with("    tree"), "{l}");
+        assert_eq!(l.len(), 118 + 8, "{l:?}");
+    }
+    // NCCL_ALGO is honoured like --algo.
+    let out = busbw()
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "1",
+        ])
+        .env("NCCL_ALGO", "bogus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("bogus"));
 }

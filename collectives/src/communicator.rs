@@ -10,6 +10,7 @@ use crate::error::CommError;
 use busbw_transports::{
     Abort, Handle, Identity, Listener, RecvComm, SendComm, Transport, TransportError,
 };
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Knobs shared by every algorithm on a communicator.
@@ -44,11 +45,20 @@ pub struct Communicator {
     transport: Box<dyn Transport>,
     listener: Box<dyn Listener>,
     handles: Vec<Handle>,
-    sends: Vec<Option<Box<dyn SendComm>>>,
-    recvs: Vec<Option<Box<dyn RecvComm>>>,
+    /// Connections by (peer, channel). Looked up once per collective call, never per message.
+    sends: HashMap<(usize, u32), Box<dyn SendComm>>,
+    recvs: HashMap<(usize, u32), Box<dyn RecvComm>>,
+    /// Node (host) index of every rank, for algorithms that treat intra- and inter-node links
+    /// differently (the tree chains the ranks of a node).
+    nodes: Vec<usize>,
     seq: u32,
     config: CommConfig,
+    /// Receive staging for reductions.
     pub(crate) staging: HostBuffer,
+    /// Partial results that must outlive a step (reduce-scatter, reduce).
+    pub(crate) scratch: HostBuffer,
+    /// This rank's input multiplied by its `mulsum` scalar.
+    pub(crate) premul: HostBuffer,
 }
 
 impl Communicator {
@@ -72,26 +82,47 @@ impl Communicator {
                 "segment size and window must be positive".into(),
             ));
         }
-        let mut sends = Vec::with_capacity(size);
-        sends.resize_with(size, || None);
-        let mut recvs = Vec::with_capacity(size);
-        recvs.resize_with(size, || None);
+        let empty = || {
+            HostBuffer::new(0).ok_or(CommError::OutOfMemory {
+                rank,
+                bytes: 0,
+                what: "staging",
+            })
+        };
         Ok(Communicator {
             rank,
             size,
             transport,
             listener,
             handles,
-            sends,
-            recvs,
+            sends: HashMap::new(),
+            recvs: HashMap::new(),
+            nodes: vec![0; size],
             seq: 0,
             config,
-            staging: HostBuffer::new(0).ok_or(CommError::OutOfMemory {
-                rank,
-                bytes: 0,
-                what: "staging",
-            })?,
+            staging: empty()?,
+            scratch: empty()?,
+            premul: empty()?,
         })
+    }
+
+    /// Declare which node (host) each rank runs on; ranks with equal values share a node.
+    /// Without it every rank is taken to be on one node.
+    pub fn set_nodes(&mut self, nodes: Vec<usize>) -> Result<(), CommError> {
+        if nodes.len() != self.size {
+            return Err(CommError::Invalid(format!(
+                "node map has {} entries for {} ranks",
+                nodes.len(),
+                self.size
+            )));
+        }
+        self.nodes = nodes;
+        Ok(())
+    }
+
+    /// Node index of every rank (see [`Communicator::set_nodes`]).
+    pub fn nodes(&self) -> &[usize] {
+        &self.nodes
     }
 
     pub fn rank(&self) -> usize {
@@ -134,13 +165,17 @@ impl Communicator {
     /// Take the send comm to `peer` out of the communicator (connecting if needed); give it
     /// back with [`Communicator::put_send`]. Taking rather than borrowing lets an algorithm
     /// drive a send and a receive comm at once.
-    pub(crate) fn take_send(&mut self, peer: usize) -> Result<Box<dyn SendComm>, CommError> {
+    pub(crate) fn take_send(
+        &mut self,
+        peer: usize,
+        channel: u32,
+    ) -> Result<Box<dyn SendComm>, CommError> {
         self.check_peer(peer)?;
-        if let Some(c) = self.sends[peer].take() {
+        if let Some(c) = self.sends.remove(&(peer, channel)) {
             return Ok(c);
         }
         self.transport
-            .connect(&self.handles[peer], self.config.timeout)
+            .connect(&self.handles[peer], channel, self.config.timeout)
             .map_err(|cause| CommError::Transport {
                 rank: self.rank,
                 peer: Some(peer),
@@ -149,16 +184,20 @@ impl Communicator {
             })
     }
 
-    pub(crate) fn put_send(&mut self, peer: usize, comm: Box<dyn SendComm>) {
-        self.sends[peer] = Some(comm);
+    pub(crate) fn put_send(&mut self, peer: usize, channel: u32, comm: Box<dyn SendComm>) {
+        self.sends.insert((peer, channel), comm);
     }
 
     /// Take the receive comm from `peer`, accepting connections until it shows up.
-    pub(crate) fn take_recv(&mut self, peer: usize) -> Result<Box<dyn RecvComm>, CommError> {
+    pub(crate) fn take_recv(
+        &mut self,
+        peer: usize,
+        channel: u32,
+    ) -> Result<Box<dyn RecvComm>, CommError> {
         self.check_peer(peer)?;
         let deadline = Instant::now() + self.config.timeout;
         loop {
-            if let Some(c) = self.recvs[peer].take() {
+            if let Some(c) = self.recvs.remove(&(peer, channel)) {
                 return Ok(c);
             }
             if self.config.abort.is_raised() {
@@ -176,14 +215,14 @@ impl Communicator {
             // Short slices so that an abort is noticed while waiting.
             match self.listener.accept(left.min(Duration::from_millis(200))) {
                 Ok(c) => {
-                    let from = c.peer() as usize;
-                    if from >= self.size || from == self.rank || self.recvs[from].is_some() {
+                    let key = (c.peer() as usize, c.channel());
+                    if key.0 >= self.size || key.0 == self.rank || self.recvs.contains_key(&key) {
                         return Err(CommError::Invalid(format!(
-                            "rank {}: unexpected connection claiming to be rank {from}",
-                            self.rank
+                            "rank {}: unexpected connection claiming to be rank {} channel {}",
+                            self.rank, key.0, key.1
                         )));
                     }
-                    self.recvs[from] = Some(c);
+                    self.recvs.insert(key, c);
                 }
                 Err(TransportError::Timeout { .. }) => {}
                 Err(cause) => {
@@ -198,8 +237,8 @@ impl Communicator {
         }
     }
 
-    pub(crate) fn put_recv(&mut self, peer: usize, comm: Box<dyn RecvComm>) {
-        self.recvs[peer] = Some(comm);
+    pub(crate) fn put_recv(&mut self, peer: usize, channel: u32, comm: Box<dyn RecvComm>) {
+        self.recvs.insert((peer, channel), comm);
     }
 
     pub(crate) fn aborted(&self) -> CommError {
@@ -221,10 +260,10 @@ impl Communicator {
         }
         let right = (self.rank + 1) % self.size;
         let left = (self.rank + self.size - 1) % self.size;
-        let s = self.take_send(right)?;
-        self.put_send(right, s);
-        let r = self.take_recv(left)?;
-        self.put_recv(left, r);
+        let s = self.take_send(right, 0)?;
+        self.put_send(right, 0, s);
+        let r = self.take_recv(left, 0)?;
+        self.put_recv(left, 0, r);
         Ok(())
     }
 }
@@ -300,7 +339,7 @@ impl Waiter {
             fd: -1,
             events: 0,
             revents: 0,
-        }; 4];
+        }; 16];
         let mut nfds = 0;
         for r in blocked_on.iter().flatten() {
             if nfds == fds.len() {

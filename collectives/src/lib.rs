@@ -8,17 +8,25 @@
 //! Validation data ([`verifiable`]) is designed so that float reductions are exact in any
 //! order: results are compared bit for bit, whatever algorithm produced them.
 
+pub mod algo;
 pub mod buffer;
+pub mod chain;
 pub mod communicator;
 pub mod dtype;
 pub mod element;
 mod error;
+pub mod p2p;
 pub mod ring;
 pub mod testing;
+pub mod tree;
 pub mod verifiable;
 
+pub use algo::{all_reduce_with, calibrate, Algo, CostModel};
 pub use buffer::HostBuffer;
+pub use chain::{broadcast, reduce};
 pub use communicator::{CommConfig, Communicator};
 pub use dtype::{DataType, ParseNameError, ReduceOp};
 pub use error::CommError;
-pub use ring::{all_reduce, all_reduce_values, barrier, Data};
+pub use p2p::{alltoall, gather, hypercube, scatter, sendrecv};
+pub use ring::{all_gather, all_reduce, all_reduce_values, barrier, reduce_scatter, Data};
+pub use tree::tree_all_reduce;

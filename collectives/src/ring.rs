@@ -1,28 +1,28 @@
-//! Ring AllReduce: reduce-scatter followed by all-gather, pipelined by segments.
+//! Ring algorithms: AllReduce (reduce-scatter then all-gather), ReduceScatter and AllGather,
+//! all driven by one pipelined ring engine.
 //!
-//! The buffer of `count` elements is cut into `n` chunks (sizes differ by at most one element;
-//! some are empty when `count < n`). Over `2(n-1)` steps each rank sends one chunk to its
-//! right neighbour and receives one from its left:
+//! A buffer is cut into `n` chunks; over a number of steps each rank sends one chunk to its
+//! right neighbour and receives one from its left, either reducing it with its own
+//! contribution or storing it as is. AllReduce, with uneven chunks so any count works:
 //!
 //! ```text
 //! step t < n-1  (reduce-scatter): send chunk (r-t),   receive chunk (r-t-1) and reduce it
 //! step t >= n-1 (all-gather, u = t-(n-1)): send chunk (r+1-u), receive chunk (r-u) as is
 //! ```
 //!
-//! The chunk received at step t is the chunk sent at step t+1, so each chunk is cut into
-//! segments and segment k is forwarded as soon as it has been reduced (or received), while
-//! segment k+1 is still on the wire: the ring is a pipeline, not `2(n-1)` barriers. After the
-//! last reduce-scatter step rank r owns the fully reduced chunk r+1; `avg` divides it there,
-//! once, before it is gathered.
+//! In every ring the chunk received at step t is the chunk sent at step t+1, so each chunk is
+//! cut into segments and segment k is forwarded as soon as it has been reduced (or received),
+//! while segment k+1 is still on the wire: the ring is a pipeline, not a series of barriers.
+//! The owner of a fully reduced chunk applies `avg`'s division once, before it travels on.
 //!
 //! Messages on a connection arrive in posting order, and both neighbours walk the same
 //! (step, segment) sequence, so every receive is posted for exactly the message that will
-//! fill it; the per-call tag catches ranks that disagree. Received reduce-scatter segments
-//! land in a ring of `window` staging slots; all-gather segments land in place.
+//! fill it; the per-call tag catches ranks that disagree. Received segments that must be
+//! reduced land in a ring of `window` staging slots; the others land in place.
 
 use crate::communicator::{Communicator, Readiness, Waiter};
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{finish_avg, reduce_inplace, reduce_into, Element};
+use crate::element::{finish_avg, reduce_inplace, reduce_into, scale_into, Element};
 use crate::error::CommError;
 use crate::with_dtype;
 use busbw_transports::{MemRegion, MemoryKind, Registration, RequestId};
@@ -30,24 +30,77 @@ use std::collections::VecDeque;
 
 /// The buffers of one collective call. In-place and out-of-place are distinct variants
 /// because Rust (rightly) will not let one slice be both the source and the destination.
+///
+/// In place, the single buffer is the larger of the two (NCCL's convention): for AllGather
+/// and Gather it is the output and this rank's input sits at `rank × count`; for
+/// ReduceScatter and Scatter it is the input and the output sits at `rank × count`.
 pub enum Data<'a> {
     InPlace(&'a mut [u8]),
     OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
 }
 
+/// Raw, checked pointers for a call.
+pub(crate) struct Bufs {
+    pub src: *const u8,
+    pub dst: *mut u8,
+}
+
 impl Data<'_> {
-    fn check(&self, bytes: usize) -> Result<(), String> {
-        let (s, r) = match self {
-            Data::InPlace(b) => (b.len(), b.len()),
-            Data::OutOfPlace { send, recv } => (send.len(), recv.len()),
+    pub(crate) fn bufs(
+        self,
+        rank: usize,
+        what: &str,
+        send_bytes: usize,
+        recv_bytes: usize,
+        dtype: DataType,
+        (send_off, recv_off): (usize, usize),
+    ) -> Result<Bufs, CommError> {
+        let err = |m: String| CommError::Invalid(format!("rank {rank}: {what}: {m}"));
+        let b = match self {
+            Data::InPlace(b) => {
+                let need = (send_off + send_bytes).max(recv_off + recv_bytes);
+                if b.len() < need {
+                    return Err(err(format!(
+                        "in-place buffer of {} bytes is too small for {need} bytes",
+                        b.len()
+                    )));
+                }
+                let p = b.as_mut_ptr();
+                // SAFETY: both offsets are inside the buffer (checked above).
+                unsafe {
+                    Bufs {
+                        src: p.add(send_off),
+                        dst: p.add(recv_off),
+                    }
+                }
+            }
+            Data::OutOfPlace { send, recv } => {
+                if send.len() < send_bytes || recv.len() < recv_bytes {
+                    return Err(err(format!(
+                        "buffers of {} and {} bytes are too small for {send_bytes} and {recv_bytes} bytes",
+                        send.len(),
+                        recv.len()
+                    )));
+                }
+                Bufs {
+                    src: send.as_ptr(),
+                    dst: recv.as_mut_ptr(),
+                }
+            }
         };
-        if s < bytes || r < bytes {
-            return Err(format!(
-                "buffers of {s} and {r} bytes are too small for {bytes} bytes"
-            ));
+        for p in [b.src as usize, b.dst as usize] {
+            if p % dtype.size() != 0 {
+                return Err(err(format!("buffer at {p:#x} is not aligned for {dtype}")));
+            }
         }
-        Ok(())
+        Ok(b)
     }
+}
+
+pub(crate) fn bytes_of(count: usize, dtype: DataType) -> Result<usize, CommError> {
+    count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| CommError::Invalid(format!("count {count} of {dtype} overflows")))
 }
 
 /// AllReduce `count` elements of `dtype` with `op` across the communicator, leaving the
@@ -59,82 +112,140 @@ pub fn all_reduce(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), CommError> {
-    let bytes = count
-        .checked_mul(dtype.size())
-        .ok_or_else(|| CommError::Invalid(format!("count {count} overflows")))?;
-    data.check(bytes)
-        .map_err(|e| CommError::Invalid(format!("rank {}: all_reduce: {e}", comm.rank())))?;
-    let (src, dst) = match data {
-        Data::InPlace(b) => (b.as_ptr(), b.as_mut_ptr()),
-        Data::OutOfPlace { send, recv } => (send.as_ptr(), recv.as_mut_ptr()),
-    };
-    for p in [src as usize, dst as usize] {
-        if p % dtype.size() != 0 {
-            return Err(CommError::Invalid(format!(
-                "all_reduce: buffer at {p:#x} is not aligned for {dtype}"
-            )));
-        }
-    }
+    let bytes = bytes_of(count, dtype)?;
+    let b = data.bufs(comm.rank(), "all_reduce", bytes, bytes, dtype, (0, 0))?;
     with_dtype!(dtype, T => {
-        // SAFETY: both pointers cover `count` elements (checked above), are aligned, and come
-        // from borrows that live until this call returns.
-        unsafe { ring_all_reduce::<T>(comm, src as *const T, dst as *mut T, count, op) }
+        // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
+        unsafe {
+            let src = premultiplied(comm, op, b.src as *const T, count)?;
+            all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+        }
     })
 }
 
-/// Chunk `c` of the buffer: `(first element, element count)`.
+/// ReduceScatter: reduce `n × recv_count` input elements and leave block `rank` of the
+/// result (`recv_count` elements) on each rank.
+pub fn reduce_scatter(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    recv_count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let n = comm.size();
+    let rb = bytes_of(recv_count, dtype)?;
+    let sb = bytes_of(recv_count * n, dtype)?;
+    let b = data.bufs(
+        comm.rank(),
+        "reduce_scatter",
+        sb,
+        rb,
+        dtype,
+        (0, comm.rank() * rb),
+    )?;
+    with_dtype!(dtype, T => {
+        // SAFETY: as in all_reduce.
+        unsafe {
+            let src = premultiplied(comm, op, b.src as *const T, recv_count * n)?;
+            reduce_scatter_raw::<T>(comm, src, b.dst as *mut T, recv_count, op)
+        }
+    })
+}
+
+/// AllGather: every rank contributes `send_count` elements; every rank receives all
+/// `n × send_count`, block r from rank r.
+pub fn all_gather(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    send_count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let n = comm.size();
+    let sb = bytes_of(send_count, dtype)?;
+    let rb = bytes_of(send_count * n, dtype)?;
+    let b = data.bufs(
+        comm.rank(),
+        "all_gather",
+        sb,
+        rb,
+        dtype,
+        (comm.rank() * sb, 0),
+    )?;
+    with_dtype!(dtype, T => {
+        // SAFETY: as in all_reduce.
+        unsafe { all_gather_raw::<T>(comm, b.src as *const T, b.dst as *mut T, send_count) }
+    })
+}
+
+/// Chunk geometry: `n` chunks of `base` elements, the first `rem` one element longer.
 #[derive(Clone, Copy)]
-struct Chunks {
-    n: usize,
-    base: usize,
-    rem: usize,
-    seg: usize,
+pub(crate) struct Chunks {
+    pub base: usize,
+    pub rem: usize,
+    pub seg: usize,
 }
 
 impl Chunks {
-    fn offset(&self, c: usize) -> usize {
+    pub fn offset(&self, c: usize) -> usize {
         c * self.base + c.min(self.rem)
     }
-    fn len(&self, c: usize) -> usize {
+    pub fn len(&self, c: usize) -> usize {
         self.base + usize::from(c < self.rem)
     }
-    fn segments(&self, c: usize) -> usize {
+    pub fn segments(&self, c: usize) -> usize {
         self.len(c).div_ceil(self.seg)
     }
     /// Elements `(offset, len)` of segment `k` of chunk `c`.
-    fn segment(&self, c: usize, k: usize) -> (usize, usize) {
+    pub fn segment(&self, c: usize, k: usize) -> (usize, usize) {
         let start = k * self.seg;
         (self.offset(c) + start, self.seg.min(self.len(c) - start))
     }
 }
 
-/// Which chunk a rank sends or receives at a step.
-#[derive(Clone, Copy)]
-struct Schedule {
-    n: usize,
-    r: usize,
+/// What a ring does at each step and where its data lives. Pointers are to the element at
+/// global offset `off` (the chunk layout is the same on every rank).
+pub(crate) trait RingPlan<T> {
+    fn steps(&self) -> usize;
+    fn send_chunk(&self, t: usize) -> usize;
+    fn recv_chunk(&self, t: usize) -> usize;
+    /// Whether what step `t` receives is reduced with the local contribution.
+    fn reduces(&self, t: usize) -> bool;
+    /// Whether the chunk reduced at step `t` is final (gets `avg`'s division).
+    fn is_final(&self, t: usize) -> bool;
+    fn send_from(&self, t: usize, off: usize) -> *const T;
+    /// Target of a non-reducing receive.
+    fn recv_into(&self, t: usize, off: usize) -> *mut T;
+    /// Local contribution and output of a reducing step.
+    fn reduce_in(&self, t: usize, off: usize) -> *const T;
+    fn reduce_out(&self, t: usize, off: usize) -> *mut T;
+    /// Memory the transport must have registered: `(pointer, elements)`.
+    fn regions(&self) -> Vec<(*const T, usize)>;
+    /// Who we receive from and send to; `None` at the ends of a chain.
+    fn left(&self) -> Option<usize>;
+    fn right(&self) -> Option<usize>;
+    /// Sends that need no received data (our own input).
+    fn initially_ready(&self, ch: &Chunks) -> usize;
+    /// Whether processing a receive of step `t` releases the next send (the same segment,
+    /// forwarded).
+    fn releases_send(&self, t: usize) -> bool;
 }
 
-impl Schedule {
-    fn steps(&self) -> usize {
-        2 * (self.n - 1)
-    }
-    fn send_chunk(&self, t: usize) -> usize {
-        let n = self.n;
-        if t < n - 1 {
-            (self.r + n - t) % n
-        } else {
-            (self.r + 1 + n - (t - (n - 1))) % n
+/// The ring-neighbour half of a [`RingPlan`] for plans that go round the whole ring.
+macro_rules! ring_neighbours {
+    () => {
+        fn left(&self) -> Option<usize> {
+            Some((self.r + self.n - 1) % self.n)
         }
-    }
-    fn recv_chunk(&self, t: usize) -> usize {
-        let n = self.n;
-        if t < n - 1 {
-            (self.r + 2 * n - t - 1) % n
-        } else {
-            (self.r + n - (t - (n - 1))) % n
+        fn right(&self) -> Option<usize> {
+            Some((self.r + 1) % self.n)
         }
-    }
+        fn initially_ready(&self, ch: &Chunks) -> usize {
+            ch.segments(self.send_chunk(0))
+        }
+        fn releases_send(&self, t: usize) -> bool {
+            t + 1 < self.steps()
+        }
+    };
 }
 
 /// Walks (step, segment) pairs in the order messages travel, skipping empty chunks.
@@ -168,88 +279,182 @@ struct PendingRecv {
     slot: usize,
 }
 
+/// Registers `(ptr, elems)` regions and finds the one holding a pointer.
+pub(crate) struct Regs {
+    regs: Vec<Registration>,
+}
+
+impl Regs {
+    pub fn new<T>(comm: &Communicator, regions: &[(*const T, usize)]) -> Result<Regs, CommError> {
+        let esize = std::mem::size_of::<T>();
+        let mut regs = Vec::with_capacity(regions.len());
+        for &(p, elems) in regions {
+            // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
+            // the communicator's staging/scratch, which are not resized meanwhile).
+            let region = unsafe { MemRegion::new(p as *mut u8, elems * esize, MemoryKind::Host) };
+            let reg = comm
+                .transport()
+                .register(region)
+                .map_err(|cause| CommError::Transport {
+                    rank: comm.rank(),
+                    peer: None,
+                    during: "registering memory".into(),
+                    cause,
+                })?;
+            regs.push(reg);
+        }
+        Ok(Regs { regs })
+    }
+
+    pub fn find(&self, ptr: *const u8, len: usize) -> &Registration {
+        self.regs
+            .iter()
+            .find(|r| r.region.contains(ptr, len))
+            .unwrap_or(&self.regs[0])
+    }
+
+    pub fn release(self, comm: &Communicator) {
+        for r in self.regs {
+            let _ = comm.transport().deregister(r);
+        }
+    }
+}
+
+/// Grows the communicator's staging area to `window` segments and returns it.
+fn staging<T>(comm: &mut Communicator, seg: usize) -> Result<*mut T, CommError> {
+    let bytes = comm.config().window * seg * std::mem::size_of::<T>();
+    if comm.staging.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "staging buffers",
+        });
+    }
+    Ok(comm.staging.as_mut_slice().as_mut_ptr() as *mut T)
+}
+
+/// Grows the communicator's scratch area to `elems` elements and returns it.
+pub(crate) fn scratch<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
+    let bytes = elems * std::mem::size_of::<T>();
+    if comm.scratch.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "scratch buffers",
+        });
+    }
+    Ok(comm.scratch.as_mut_slice().as_mut_ptr() as *mut T)
+}
+
+/// For `mulsum`, this rank's input times its scalar, in a buffer of the communicator's;
+/// the algorithms then simply sum. Other ops use the input as is.
+///
 /// # Safety
-/// `src` and `dst` must be valid for `count` elements (they may be equal: in-place), and not
-/// accessed by anyone else during the call.
-unsafe fn ring_all_reduce<T: Element>(
+/// `src` valid for `elems` elements.
+pub(crate) unsafe fn premultiplied<T: Element>(
     comm: &mut Communicator,
-    src: *const T,
-    dst: *mut T,
-    count: usize,
     op: ReduceOp,
+    src: *const T,
+    elems: usize,
+) -> Result<*const T, CommError> {
+    if op != ReduceOp::MulSum || elems == 0 {
+        return Ok(src);
+    }
+    let bytes = elems * std::mem::size_of::<T>();
+    if comm.premul.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "mulsum input",
+        });
+    }
+    let rank = comm.rank();
+    let out = comm.premul.as_mut_slice().as_mut_ptr() as *mut T;
+    scale_into(
+        std::slice::from_raw_parts_mut(out, elems),
+        std::slice::from_raw_parts(src, elems),
+        rank,
+    );
+    Ok(out as *const T)
+}
+
+/// Segment size in elements.
+pub(crate) fn segment_elems<T>(comm: &Communicator) -> usize {
+    (comm.config().segment_bytes / std::mem::size_of::<T>()).max(1)
+}
+
+/// Run a ring (or chain) plan to completion on `channel`.
+///
+/// # Safety
+/// Every pointer the plan hands out must be valid for the segment it describes, and the plan
+/// must not make two in-flight requests write the same memory.
+pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
+    comm: &mut Communicator,
+    plan: &P,
+    ch: &Chunks,
+    op: ReduceOp,
+    channel: u32,
+    name: &'static str,
 ) -> Result<(), CommError> {
     let n = comm.size();
     let r = comm.rank();
     let tag = comm.next_tag();
-    let in_place = std::ptr::eq(src, dst);
-    if n == 1 || count == 0 {
-        if !in_place && count > 0 {
-            // SAFETY: distinct buffers of `count` elements (caller contract).
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, count) };
-        }
-        return Ok(());
-    }
     let esize = std::mem::size_of::<T>();
     let window = comm.config().window;
-    let seg = (comm.config().segment_bytes / esize).max(1);
-    let ch = Chunks {
-        n,
-        base: count / n,
-        rem: count % n,
-        seg,
-    };
-    debug_assert_eq!(ch.offset(ch.n), count);
-    let sched = Schedule { n, r };
-    let steps = sched.steps();
-    let right = (r + 1) % n;
-    let left = (r + n - 1) % n;
-
-    let stage_bytes = window * seg * esize;
-    if comm.staging.ensure(stage_bytes).is_none() {
-        return Err(CommError::OutOfMemory {
-            rank: r,
-            bytes: stage_bytes,
-            what: "ring staging buffers",
-        });
-    }
-    let stage = comm.staging.as_mut_slice().as_mut_ptr() as *mut T;
+    let steps = plan.steps();
+    let stage = staging::<T>(comm, ch.seg)?;
+    let mut regions = plan.regions();
+    regions.push((stage as *const T, window * ch.seg));
+    let regs = Regs::new(comm, &regions)?;
     let transport_err = |peer: usize, what: &'static str| {
         move |cause| CommError::Transport {
             rank: r,
             peer: Some(peer),
-            during: format!("all_reduce (call {tag}): {what} rank {peer}"),
+            during: format!("{name} (call {tag}): {what} rank {peer}"),
             cause,
         }
     };
 
-    // SAFETY (regions): the ranges are the caller's buffers and our staging buffer, all alive
-    // until the registrations are dropped at the end of this function.
-    let reg = |ptr: *const T, elems: usize| -> Result<Registration, CommError> {
-        let region = unsafe { MemRegion::new(ptr as *mut u8, elems * esize, MemoryKind::Host) };
-        comm.transport()
-            .register(region)
-            .map_err(transport_err(r, "registering memory for"))
+    // Chain ends have no neighbour on one side; the placeholder rank is never used.
+    let left = plan.left().unwrap_or(r);
+    let right = plan.right().unwrap_or(r);
+    let mut send = match plan.right() {
+        Some(p) => Some(comm.take_send(p, channel)?),
+        None => None,
     };
-    let src_reg = reg(src, count)?;
-    let dst_reg = reg(dst, count)?;
-    let stage_reg = reg(stage, window * seg)?;
-
-    let mut send = comm.take_send(right)?;
-    let mut recv = match comm.take_recv(left) {
-        Ok(c) => c,
-        Err(e) => {
-            comm.put_send(right, send);
+    let mut recv = match plan.left().map(|p| comm.take_recv(p, channel)) {
+        None => None,
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            if let Some(s) = send {
+                comm.put_send(right, channel, s);
+            }
+            regs.release(comm);
             return Err(e);
         }
     };
 
-    let total_recvs: usize = (0..steps).map(|t| ch.segments(sched.recv_chunk(t))).sum();
-    let total_sends: usize = (0..steps).map(|t| ch.segments(sched.send_chunk(t))).sum();
-    let mut ready = ch.segments(sched.send_chunk(0));
-    let send_chunk = |t| sched.send_chunk(t);
-    let recv_chunk = |t| sched.recv_chunk(t);
-    let mut send_cur = Cursor::start(send_chunk, &ch, steps);
-    let mut recv_cur = Cursor::start(recv_chunk, &ch, steps);
+    let send_chunk = |t| plan.send_chunk(t);
+    let recv_chunk = |t| plan.recv_chunk(t);
+    let total_recvs: usize = if recv.is_some() {
+        (0..steps).map(|t| ch.segments(recv_chunk(t))).sum()
+    } else {
+        0
+    };
+    let total_sends: usize = if send.is_some() {
+        (0..steps).map(|t| ch.segments(send_chunk(t))).sum()
+    } else {
+        0
+    };
+    // Sends of our own input are ready at once; each processed receive releases the send of
+    // the segment it completed.
+    let mut ready = if steps > 0 {
+        plan.initially_ready(ch)
+    } else {
+        0
+    };
+    let mut send_cur = Cursor::start(send_chunk, ch, steps);
+    let mut recv_cur = Cursor::start(recv_chunk, ch, steps);
     let (mut sends_posted, mut sends_done, mut recvs_posted, mut recvs_done) = (0, 0, 0, 0);
     let mut sends_inflight: VecDeque<RequestId> = VecDeque::with_capacity(window);
     let mut recvs_inflight: VecDeque<PendingRecv> = VecDeque::with_capacity(window);
@@ -259,26 +464,23 @@ unsafe fn ring_all_reduce<T: Element>(
         while sends_done < total_sends || recvs_done < total_recvs {
             let mut progressed = false;
 
-            while sends_posted < ready && sends_inflight.len() < window {
+            while let Some(send) = send
+                .as_mut()
+                .filter(|_| sends_posted < ready && sends_inflight.len() < window)
+            {
                 let (t, k) = (send_cur.t, send_cur.k);
-                let (off, len) = ch.segment(sched.send_chunk(t), k);
-                // Step 0 sends our own input; later steps forward what we reduced/received.
-                let (base, reg) = if t == 0 {
-                    (src, &src_reg)
-                } else {
-                    (dst as *const T, &dst_reg)
-                };
-                // SAFETY: off+len <= count; the segment is not written again while the send
-                // is in flight (it was finalised for this step and the ring only writes a
-                // chunk region again after its successor has consumed it).
-                let id = unsafe { send.isend(reg, base.add(off) as *const u8, len * esize, tag) }
+                let (off, len) = ch.segment(send_chunk(t), k);
+                let p = plan.send_from(t, off) as *const u8;
+                // SAFETY: the plan guarantees the segment is final for this step and is not
+                // written while the send is in flight.
+                let id = unsafe { send.isend(regs.find(p, len * esize), p, len * esize, tag) }
                     .map_err(transport_err(right, "sending to"))?;
                 sends_inflight.push_back(id);
                 sends_posted += 1;
-                send_cur.advance(send_chunk, &ch, steps);
+                send_cur.advance(send_chunk, ch, steps);
                 progressed = true;
             }
-            while let Some(&id) = sends_inflight.front() {
+            while let (Some(&id), Some(send)) = (sends_inflight.front(), send.as_mut()) {
                 match send.test(id).map_err(transport_err(right, "sending to"))? {
                     Some(_) => {
                         sends_inflight.pop_front();
@@ -289,53 +491,58 @@ unsafe fn ring_all_reduce<T: Element>(
                 }
             }
 
-            while recvs_posted < total_recvs && recvs_inflight.len() < window {
+            while let Some(recv) = recv
+                .as_mut()
+                .filter(|_| recvs_posted < total_recvs && recvs_inflight.len() < window)
+            {
                 let (t, k) = (recv_cur.t, recv_cur.k);
-                let (off, len) = ch.segment(sched.recv_chunk(t), k);
+                let (off, len) = ch.segment(recv_chunk(t), k);
                 let slot = recvs_posted % window;
-                let (ptr, reg) = if t < n - 1 {
-                    (stage.add(slot * seg), &stage_reg)
+                let p = if plan.reduces(t) {
+                    stage.add(slot * ch.seg)
                 } else {
-                    (dst.add(off), &dst_reg)
-                };
-                // SAFETY: the staging slot is free (at most `window` receives are in flight
-                // and they complete in order); an all-gather target segment is written by
-                // nobody else until this receive completes.
-                let id = unsafe { recv.irecv(reg, ptr as *mut u8, len * esize, tag) }
+                    plan.recv_into(t, off)
+                } as *mut u8;
+                // SAFETY: a staging slot is free (at most `window` receives are in flight and
+                // they complete in order); an in-place target is written by nobody else until
+                // this receive completes.
+                let id = unsafe { recv.irecv(regs.find(p, len * esize), p, len * esize, tag) }
                     .map_err(transport_err(left, "receiving from"))?;
                 recvs_inflight.push_back(PendingRecv { id, t, k, slot });
                 recvs_posted += 1;
-                recv_cur.advance(recv_chunk, &ch, steps);
+                recv_cur.advance(recv_chunk, ch, steps);
                 progressed = true;
             }
-            while let Some(p) = recvs_inflight.front() {
+            while let (Some(p), Some(recv)) = (recvs_inflight.front(), recv.as_mut()) {
                 let got = recv
                     .test(p.id)
                     .map_err(transport_err(left, "receiving from"))?;
                 let Some(got) = got else { break };
-                let (off, len) = ch.segment(sched.recv_chunk(p.t), p.k);
+                let (off, len) = ch.segment(recv_chunk(p.t), p.k);
                 if got != len * esize {
                     return Err(CommError::Invalid(format!(
-                        "rank {r}: all_reduce: rank {left} sent {got} bytes where {} were expected (ranks disagree about the count)",
+                        "rank {r}: {name}: rank {left} sent {got} bytes where {} were expected (ranks disagree about the count)",
                         len * esize
                     )));
                 }
-                if p.t < n - 1 {
-                    // SAFETY: disjoint ranges: a staging slot and a destination segment that
-                    // no in-flight request touches.
-                    let staged = std::slice::from_raw_parts(stage.add(p.slot * seg), len);
-                    let out = std::slice::from_raw_parts_mut(dst.add(off), len);
-                    if in_place {
+                if plan.reduces(p.t) {
+                    let out_p = plan.reduce_out(p.t, off);
+                    let in_p = plan.reduce_in(p.t, off);
+                    // SAFETY: the staging slot, the local contribution and the output
+                    // segment are valid for `len` elements and touched by no in-flight
+                    // request; output and input are either identical or disjoint.
+                    let staged = std::slice::from_raw_parts(stage.add(p.slot * ch.seg), len);
+                    let out = std::slice::from_raw_parts_mut(out_p, len);
+                    if std::ptr::eq(out_p as *const T, in_p) {
                         reduce_inplace(op, out, staged);
                     } else {
-                        let mine = std::slice::from_raw_parts(src.add(off), len);
-                        reduce_into(op, out, mine, staged);
+                        reduce_into(op, out, std::slice::from_raw_parts(in_p, len), staged);
                     }
-                    if p.t == n - 2 && op == ReduceOp::Avg {
+                    if op == ReduceOp::Avg && plan.is_final(p.t) {
                         finish_avg(out, n);
                     }
                 }
-                if p.t + 1 < steps {
+                if plan.releases_send(p.t) {
                     ready += 1;
                 }
                 recvs_inflight.pop_front();
@@ -347,18 +554,20 @@ unsafe fn ring_all_reduce<T: Element>(
                 waiter.progressed();
             } else {
                 let blocked_on = [
-                    (recvs_done < total_recvs)
-                        .then(|| recv.readiness_fd().map(Readiness::Readable))
-                        .flatten(),
-                    (!sends_inflight.is_empty())
-                        .then(|| send.readiness_fd().map(Readiness::Writable))
-                        .flatten(),
+                    recv.as_ref()
+                        .filter(|_| recvs_done < total_recvs)
+                        .and_then(|c| c.readiness_fd())
+                        .map(Readiness::Readable),
+                    send.as_ref()
+                        .filter(|_| !sends_inflight.is_empty())
+                        .and_then(|c| c.readiness_fd())
+                        .map(Readiness::Writable),
                 ];
                 waiter.idle(comm, &blocked_on, || {
                     if recvs_done < total_recvs {
-                        (left, format!("waiting for data from rank {left} (all_reduce call {tag}, {recvs_done}/{total_recvs} segments received)"))
+                        (left, format!("waiting for data from rank {left} ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
                     } else {
-                        (right, format!("waiting for rank {right} to take data (all_reduce call {tag}, {sends_done}/{total_sends} segments sent)"))
+                        (right, format!("waiting for rank {right} to take data ({name} call {tag}, {sends_done}/{total_sends} segments sent)"))
                     }
                 })?;
             }
@@ -366,12 +575,270 @@ unsafe fn ring_all_reduce<T: Element>(
         Ok(())
     })();
 
-    comm.put_send(right, send);
-    comm.put_recv(left, recv);
-    for reg in [src_reg, dst_reg, stage_reg] {
-        let _ = comm.transport().deregister(reg);
+    if let Some(s) = send {
+        comm.put_send(right, channel, s);
     }
+    if let Some(c) = recv {
+        comm.put_recv(left, channel, c);
+    }
+    regs.release(comm);
     result
+}
+
+struct AllReducePlan<T> {
+    n: usize,
+    r: usize,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+}
+
+impl<T> RingPlan<T> for AllReducePlan<T> {
+    ring_neighbours!();
+    fn steps(&self) -> usize {
+        2 * (self.n - 1)
+    }
+    fn send_chunk(&self, t: usize) -> usize {
+        let n = self.n;
+        if t < n - 1 {
+            (self.r + n - t) % n
+        } else {
+            (self.r + 1 + n - (t - (n - 1))) % n
+        }
+    }
+    fn recv_chunk(&self, t: usize) -> usize {
+        let n = self.n;
+        if t < n - 1 {
+            (self.r + 2 * n - t - 1) % n
+        } else {
+            (self.r + n - (t - (n - 1))) % n
+        }
+    }
+    fn reduces(&self, t: usize) -> bool {
+        t < self.n - 1
+    }
+    fn is_final(&self, t: usize) -> bool {
+        t == self.n - 2
+    }
+    fn send_from(&self, t: usize, off: usize) -> *const T {
+        // Step 0 sends our own input; later steps forward what we reduced or received.
+        unsafe {
+            if t == 0 {
+                self.src.add(off)
+            } else {
+                self.dst.add(off) as *const T
+            }
+        }
+    }
+    fn recv_into(&self, _t: usize, off: usize) -> *mut T {
+        unsafe { self.dst.add(off) }
+    }
+    fn reduce_in(&self, _t: usize, off: usize) -> *const T {
+        unsafe { self.src.add(off) }
+    }
+    fn reduce_out(&self, _t: usize, off: usize) -> *mut T {
+        unsafe { self.dst.add(off) }
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        vec![(self.src, self.count), (self.dst as *const T, self.count)]
+    }
+}
+
+/// # Safety
+/// `src` and `dst` valid for `count` elements (possibly equal: in place).
+pub(crate) unsafe fn all_reduce_raw<T: Element>(
+    comm: &mut Communicator,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let n = comm.size();
+    if n == 1 || count == 0 {
+        comm.next_tag();
+        if !std::ptr::eq(src, dst) && count > 0 {
+            std::ptr::copy_nonoverlapping(src, dst, count);
+        }
+        return Ok(());
+    }
+    let ch = Chunks {
+        base: count / n,
+        rem: count % n,
+        seg: segment_elems::<T>(comm),
+    };
+    let plan = AllReducePlan {
+        n,
+        r: comm.rank(),
+        src,
+        dst,
+        count,
+    };
+    run_ring(comm, &plan, &ch, op, 0, "all_reduce")
+}
+
+struct ReduceScatterPlan<T> {
+    n: usize,
+    r: usize,
+    rc: usize,
+    src: *const T,
+    dst: *mut T,
+    /// Partial sums of chunks other than ours, `n × rc` elements, indexed like `src`.
+    acc: *mut T,
+}
+
+impl<T> RingPlan<T> for ReduceScatterPlan<T> {
+    ring_neighbours!();
+    fn steps(&self) -> usize {
+        self.n - 1
+    }
+    // Shifted by one from AllReduce so that rank r ends up owning chunk r.
+    fn send_chunk(&self, t: usize) -> usize {
+        (self.r + 2 * self.n - t - 1) % self.n
+    }
+    fn recv_chunk(&self, t: usize) -> usize {
+        (self.r + 2 * self.n - t - 2) % self.n
+    }
+    fn reduces(&self, _t: usize) -> bool {
+        true
+    }
+    fn is_final(&self, t: usize) -> bool {
+        t == self.n - 2
+    }
+    fn send_from(&self, t: usize, off: usize) -> *const T {
+        unsafe {
+            if t == 0 {
+                self.src.add(off)
+            } else {
+                self.acc.add(off) as *const T
+            }
+        }
+    }
+    fn recv_into(&self, _t: usize, off: usize) -> *mut T {
+        unsafe { self.acc.add(off) }
+    }
+    fn reduce_in(&self, _t: usize, off: usize) -> *const T {
+        unsafe { self.src.add(off) }
+    }
+    fn reduce_out(&self, t: usize, off: usize) -> *mut T {
+        unsafe {
+            if self.is_final(t) {
+                self.dst.add(off - self.r * self.rc)
+            } else {
+                self.acc.add(off)
+            }
+        }
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        vec![
+            (self.src, self.n * self.rc),
+            (self.dst as *const T, self.rc),
+            (self.acc as *const T, self.n * self.rc),
+        ]
+    }
+}
+
+/// # Safety
+/// `src` valid for `n × rc` elements, `dst` for `rc` (in place: `dst == src + rank × rc`).
+pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
+    comm: &mut Communicator,
+    src: *const T,
+    dst: *mut T,
+    rc: usize,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let n = comm.size();
+    let r = comm.rank();
+    if n == 1 || rc == 0 {
+        comm.next_tag();
+        let mine = src.add(r * rc);
+        if !std::ptr::eq(mine, dst) && rc > 0 {
+            std::ptr::copy_nonoverlapping(mine, dst, rc);
+        }
+        return Ok(());
+    }
+    let acc = scratch::<T>(comm, n * rc)?;
+    let ch = Chunks {
+        base: rc,
+        rem: 0,
+        seg: segment_elems::<T>(comm),
+    };
+    let plan = ReduceScatterPlan {
+        n,
+        r,
+        rc,
+        src,
+        dst,
+        acc,
+    };
+    run_ring(comm, &plan, &ch, op, 0, "reduce_scatter")
+}
+
+struct AllGatherPlan<T> {
+    n: usize,
+    r: usize,
+    sc: usize,
+    dst: *mut T,
+}
+
+impl<T> RingPlan<T> for AllGatherPlan<T> {
+    ring_neighbours!();
+    fn steps(&self) -> usize {
+        self.n - 1
+    }
+    fn send_chunk(&self, t: usize) -> usize {
+        (self.r + self.n - t) % self.n
+    }
+    fn recv_chunk(&self, t: usize) -> usize {
+        (self.r + 2 * self.n - t - 1) % self.n
+    }
+    fn reduces(&self, _t: usize) -> bool {
+        false
+    }
+    fn is_final(&self, _t: usize) -> bool {
+        false
+    }
+    fn send_from(&self, _t: usize, off: usize) -> *const T {
+        unsafe { self.dst.add(off) as *const T }
+    }
+    fn recv_into(&self, _t: usize, off: usize) -> *mut T {
+        unsafe { self.dst.add(off) }
+    }
+    fn reduce_in(&self, _t: usize, off: usize) -> *const T {
+        unsafe { self.dst.add(off) as *const T }
+    }
+    fn reduce_out(&self, _t: usize, off: usize) -> *mut T {
+        unsafe { self.dst.add(off) }
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        vec![(self.dst as *const T, self.n * self.sc)]
+    }
+}
+
+/// # Safety
+/// `src` valid for `sc` elements, `dst` for `n × sc` (in place: `src == dst + rank × sc`).
+pub(crate) unsafe fn all_gather_raw<T: Element>(
+    comm: &mut Communicator,
+    src: *const T,
+    dst: *mut T,
+    sc: usize,
+) -> Result<(), CommError> {
+    let n = comm.size();
+    let r = comm.rank();
+    let mine = dst.add(r * sc);
+    if !std::ptr::eq(src, mine) && sc > 0 {
+        std::ptr::copy_nonoverlapping(src, mine, sc);
+    }
+    if n == 1 || sc == 0 {
+        comm.next_tag();
+        return Ok(());
+    }
+    let ch = Chunks {
+        base: sc,
+        rem: 0,
+        seg: segment_elems::<T>(comm),
+    };
+    let plan = AllGatherPlan { n, r, sc, dst };
+    run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
 }
 
 /// AllReduce a few control values (timings, error counts) through the same engine, so the

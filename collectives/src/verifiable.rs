@@ -3,20 +3,28 @@
 //!
 //! Validation compares raw bits, so every float input is built such that the reduction is
 //! exact in any order, as nccl-tests' `verifiable` does: a ring, a tree and any future
-//! algorithm must produce the very same bits. How:
-//! - float `sum`/`avg`: all ranks share one exponent per element and contribute small signed
-//!   integer mantissas whose total magnitude stays below 2^(p-1), so every partial sum is
-//!   exact; `avg` then divides the exact sum once;
-//! - float `prod`: one rank (chosen per element) contributes a full mantissa, the others
-//!   signed powers of two, so every partial product is exact;
-//! - `min`/`max` and all integer ops (wrapping) are exact by nature; integer `prod` inputs are
-//!   odd so products never collapse to zero.
+//! algorithm must produce the very same bits. How, for a type of precision `p` (mantissa bits
+//! including the implicit one):
+//! - float `sum`/`avg`/`mulsum`: per element only `k = min(n, 2^(p-3))` ranks (a window of
+//!   consecutive ranks at a per-element offset, so every rank contributes somewhere) give
+//!   nonzero values, each a signed integer below `2^b` times a power of two `2^E` shared by
+//!   the element, with `b = p - 1 - ceil(log2 k)` (one bit less for `mulsum`, whose odd ranks
+//!   double their input). Every subset sum is then an integer below `2^(p-1)` times `2^E`:
+//!   exact. `E` keeps every value and partial sum normal and finite, which for the fp8 types
+//!   leaves only a dozen or two exponents. The others give `+0.0`, never `-0.0`, so no
+//!   order can produce a negative zero. `avg` divides the exact sum once;
+//! - float `prod`: one rank per element gives a full mantissa, up to a budget of the next
+//!   ranks give `±2^-1`, `±2^0` or `±2^1`, the rest `±1`; the budget and the full-mantissa
+//!   value's exponent keep every partial product normal and finite;
+//! - `min`/`max` and all integer ops (wrapping) are exact by nature; float `min`/`max` inputs
+//!   avoid zero, subnormals, infinities and NaN so the comparisons are unambiguous; integer
+//!   `prod` inputs are odd so products never collapse to zero.
 //!
-//! The expected value is therefore the plain fold of every rank's input, which is what
-//! [`fill_expected`] computes.
+//! The expected value is therefore the plain fold of every rank's (premultiplied, for
+//! `mulsum`) input, which is what [`fill_expected`] computes.
 
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{combine, Element};
+use crate::element::{bf16, combine, f16, premul, Element, F8E4M3, F8E5M2};
 
 /// splitmix64 finaliser: cheap, well mixed, and identical on every rank.
 #[inline(always)]
@@ -36,6 +44,19 @@ fn op_salt(op: ReduceOp) -> u64 {
     op as u64 + 1
 }
 
+/// Per-element randomness shared by all ranks (the top bit keeps it apart from every rank's
+/// own salt).
+#[inline(always)]
+fn shared_hash(op: ReduceOp, seed: u64, index: u64) -> u64 {
+    hash(seed, index, 1 << 63 | op_salt(op))
+}
+
+/// Per-element randomness of one rank.
+#[inline(always)]
+fn own_hash(op: ReduceOp, seed: u64, index: u64, rank: usize) -> u64 {
+    hash(seed, index, (rank as u64 + 1) << 8 | op_salt(op))
+}
+
 /// Value generation per element type.
 pub trait Verifiable: Element {
     /// Input of `rank` at global element `index`.
@@ -47,8 +68,7 @@ macro_rules! int_verifiable {
         impl Verifiable for $t {
             #[inline]
             fn input(op: ReduceOp, seed: u64, index: u64, rank: usize, _n: usize) -> Self {
-                let h = hash(seed, index, (rank as u64) << 8 | op_salt(op));
-                let v = h as $t;
+                let v = own_hash(op, seed, index, rank) as $t;
                 if op == ReduceOp::Prod {
                     v | 1
                 } else {
@@ -66,67 +86,201 @@ int_verifiable!(u32);
 int_verifiable!(i64);
 int_verifiable!(u64);
 
-/// Bits of `ceil(log2(n))`, at least 1.
-fn log2_ceil(n: usize) -> u32 {
-    (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
+/// `ceil(log2(n))`; 0 for n <= 1.
+fn log2_ceil(n: u64) -> u32 {
+    u64::BITS - n.saturating_sub(1).leading_zeros()
 }
 
-macro_rules! float_verifiable {
-    ($t:ty, $bits:ty, $mant:expr, $ebits:expr) => {
-        impl Verifiable for $t {
-            #[inline]
-            fn input(op: ReduceOp, seed: u64, index: u64, rank: usize, n: usize) -> Self {
-                // Per-element values shared by all ranks (no rank in the salt).
-                let shared = hash(seed, index, 0xff00 | op_salt(op));
-                let own = hash(seed, index, (rank as u64 + 1) << 8 | op_salt(op));
-                const P: u32 = $mant + 1; // precision incl. the implicit bit
-                const BIAS: i32 = (1 << ($ebits - 1)) - 1;
-                match op {
-                    ReduceOp::Sum | ReduceOp::Avg => {
-                        // |sum of any subset| <= n * (2^b - 1) < 2^(P-1): exact.
-                        let b = (P - 1).saturating_sub(log2_ceil(n)).min(20);
-                        if b == 0 {
-                            return 0.0;
-                        }
-                        let span = (1u64 << (b + 1)) - 1;
-                        let m = (own % span) as i64 - ((1i64 << b) - 1);
-                        let e = (shared % 17) as i32 - 8 - b as i32;
-                        (m as $t) * (2.0 as $t).powi(e)
-                    }
-                    ReduceOp::Prod => {
-                        let special = (shared % n as u64) as usize;
-                        let sign: $t = if own & 1 == 1 { -1.0 } else { 1.0 };
-                        if rank == special {
-                            // A value in [1, 2) with random mantissa bits.
-                            let mant = (own >> 1) & ((1u64 << $mant) - 1);
-                            let bits = ((BIAS as u64) << $mant) | mant;
-                            sign * <$t>::from_bits(bits as $bits)
-                        } else if rank < 60 {
-                            // Exponents in {-1, 0, 1}: the product of at most 60 stays far
-                            // from overflow and underflow.
-                            let k = ((own >> 1) % 3) as i32 - 1;
-                            sign * (2.0 as $t).powi(k)
-                        } else {
-                            sign
-                        }
-                    }
-                    ReduceOp::Min | ReduceOp::Max => {
-                        // Random sign and mantissa, exponent from the middle half of the
-                        // range: no NaN, infinity, zero or subnormal to blur the comparison.
-                        let emax = (1u64 << $ebits) - 1;
-                        let e = emax / 4 + (own >> 2) % (emax / 2);
-                        let mant = (own >> 16) & ((1u64 << $mant) - 1);
-                        let bits = ((own & 1) << ($mant + $ebits)) | (e << $mant) | mant;
-                        <$t>::from_bits(bits as $bits)
-                    }
-                }
+/// `2^e` for `e` in f64's normal range, built from bits so it is exact by construction.
+fn pow2(e: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&e));
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// A uniformly chosen integer of `[lo, hi]` (`lo <= hi`).
+fn pick(h: u64, lo: i32, hi: i32) -> i32 {
+    lo + (h % (hi - lo + 1) as u64) as i32
+}
+
+/// `[lo, hi]` narrowed to `[wlo, whi]` where they overlap; otherwise the type's own range
+/// wins (or its top, if even that is empty), since exactness matters more than looks.
+fn clamp_range(lo: i32, hi: i32, wlo: i32, whi: i32) -> (i32, i32) {
+    let (a, b) = (lo.max(wlo), hi.min(whi));
+    if a <= b {
+        (a, b)
+    } else if lo <= hi {
+        (lo, hi)
+    } else {
+        (hi, hi)
+    }
+}
+
+/// What the float generators need to know about a type to build exactly representable
+/// values and to keep them inside the normal, finite range.
+trait FloatLayout: Element {
+    /// Stored mantissa bits (precision minus the implicit bit).
+    const MANT: u32;
+    const EXP_BITS: u32;
+    /// Exponent of the smallest normal value.
+    const EMIN: i32;
+    /// Largest `e` with `2^e` finite: every magnitude below `2^EMAX` is finite.
+    const EMAX: i32;
+    fn from_raw(bits: u64) -> Self;
+    /// Exact; lets the tests compare against exact arithmetic.
+    #[cfg(test)]
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! float_layout {
+    ($t:ty, $mant:expr, $ebits:expr, $emin:expr, $emax:expr, $from:expr, $to:expr) => {
+        impl FloatLayout for $t {
+            const MANT: u32 = $mant;
+            const EXP_BITS: u32 = $ebits;
+            const EMIN: i32 = $emin;
+            const EMAX: i32 = $emax;
+            #[inline(always)]
+            fn from_raw(bits: u64) -> Self {
+                $from(bits)
+            }
+            #[cfg(test)]
+            fn to_f64(self) -> f64 {
+                $to(self)
             }
         }
     };
 }
 
-float_verifiable!(f32, u32, 23u32, 8u32);
-float_verifiable!(f64, u64, 52u32, 11u32);
+float_layout!(
+    f16,
+    10,
+    5,
+    -14,
+    15,
+    |b| f16::from_bits(b as u16),
+    |x: f16| x.to_f64()
+);
+float_layout!(
+    f32,
+    23,
+    8,
+    -126,
+    127,
+    |b| f32::from_bits(b as u32),
+    |x: f32| x as f64
+);
+float_layout!(f64, 52, 11, -1022, 1023, f64::from_bits, |x: f64| x);
+float_layout!(
+    bf16,
+    7,
+    8,
+    -126,
+    127,
+    |b| bf16::from_bits(b as u16),
+    |x: bf16| x.to_f64()
+);
+// E4M3 tops out at 448 = 1.75 * 2^8: 2^8 is finite, 2^9 is not.
+float_layout!(
+    F8E4M3,
+    3,
+    4,
+    -6,
+    8,
+    |b| F8E4M3(b as u8),
+    |x: F8E4M3| x.to_f32() as f64
+);
+float_layout!(
+    F8E5M2,
+    2,
+    5,
+    -14,
+    15,
+    |b| F8E5M2(b as u8),
+    |x: F8E5M2| x.to_f32() as f64
+);
+
+/// Magnitudes are kept within `2^±WINDOW` where the type's range allows it: any exponent
+/// would validate, but values near 1 are easier to read when a mismatch is debugged.
+const WINDOW: i32 = 16;
+
+#[inline]
+fn float_input<T: FloatLayout>(op: ReduceOp, seed: u64, index: u64, rank: usize, n: usize) -> T {
+    let shared = shared_hash(op, seed, index);
+    let own = own_hash(op, seed, index, rank);
+    let n = n.max(1) as u64;
+    let rank = rank as u64;
+    let p = T::MANT + 1;
+    let sign = if own & 1 == 1 { -1.0 } else { 1.0 };
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => {
+            let k = n.min(1 << (p - 3));
+            // The window rotates with the index, so any n consecutive elements have every
+            // rank contribute k times; the seed shifts it so repetitions differ.
+            let start = (index % n + mix(seed) % n) % n;
+            if (rank + n - start) % n >= k {
+                return T::from_f64(0.0);
+            }
+            let mut b = p - 1 - log2_ceil(k);
+            if op == ReduceOp::MulSum {
+                b -= 1;
+            }
+            // |partial sum| < 2^(p-1+E) <= 2^EMAX: finite; every nonzero |value| >= 2^E:
+            // normal. For avg the quotient by n stays normal too where the range allows.
+            let hi = T::EMAX - (p - 1) as i32;
+            let lo = T::EMIN
+                + if op == ReduceOp::Avg {
+                    log2_ceil(n) as i32
+                } else {
+                    0
+                };
+            let top = (p - 1) as i32;
+            let (lo, hi) = clamp_range(lo, hi, -WINDOW - top, WINDOW - top);
+            let e = pick(shared, lo, hi);
+            let m = 1 + (own >> 1) % ((1u64 << b) - 1);
+            T::from_f64(sign * m as f64 * pow2(e))
+        }
+        ReduceOp::Prod => {
+            // Each of the `c` ranks after the special one shifts the exponent by at most one:
+            // partial products lie in [2^(es-c), 2^(es+c+1)), inside [2^EMIN, 2^EMAX).
+            let budget = ((T::EMAX - 1 - T::EMIN) / 4).min(60) as u64;
+            let c = budget.min(n - 1);
+            let special = shared % n;
+            let pos = (rank + n - special) % n;
+            if pos == 0 {
+                let (lo, hi) = clamp_range(T::EMIN + c as i32, T::EMAX - 1 - c as i32, -8, 8);
+                let es = pick(shared >> 16, lo, hi);
+                let mant = (own >> 1) & ((1u64 << T::MANT) - 1);
+                let m = (1u64 << T::MANT) | mant;
+                T::from_f64(sign * m as f64 * pow2(es - T::MANT as i32))
+            } else if pos <= c {
+                let e = ((own >> 1) % 3) as i32 - 1;
+                T::from_f64(sign * pow2(e))
+            } else {
+                T::from_f64(sign)
+            }
+        }
+        ReduceOp::Min | ReduceOp::Max => {
+            // Random sign and mantissa, exponent field from the middle half of the range: no
+            // NaN, infinity, zero or subnormal to blur the comparison.
+            let emax = (1u64 << T::EXP_BITS) - 1;
+            let e = emax / 4 + (own >> 2) % (emax / 2);
+            let mant = (own >> 16) & ((1u64 << T::MANT) - 1);
+            T::from_raw(((own & 1) << (T::MANT + T::EXP_BITS)) | (e << T::MANT) | mant)
+        }
+    }
+}
+
+macro_rules! float_verifiable {
+    ($($t:ty),*) => {$(
+        impl Verifiable for $t {
+            #[inline]
+            fn input(op: ReduceOp, seed: u64, index: u64, rank: usize, n: usize) -> Self {
+                float_input(op, seed, index, rank, n)
+            }
+        }
+    )*};
+}
+
+float_verifiable!(f16, f32, f64, bf16, F8E4M3, F8E5M2);
 
 /// Fill `out` with `rank`'s input for elements `first_index ..`.
 pub fn fill_input_typed<T: Verifiable>(
@@ -142,7 +296,8 @@ pub fn fill_input_typed<T: Verifiable>(
     }
 }
 
-/// Fill `out` with the reduction over all ranks (the AllReduce result).
+/// Fill `out` with the reduction over all ranks (the AllReduce result). For `mulsum` that is
+/// the sum of every rank's input times its [`crate::element::premul_scalar`].
 pub fn fill_expected_typed<T: Verifiable>(
     out: &mut [T],
     op: ReduceOp,
@@ -150,11 +305,20 @@ pub fn fill_expected_typed<T: Verifiable>(
     first_index: u64,
     nranks: usize,
 ) {
+    // Each rank's contribution as it enters the reduction.
+    let contribution = |idx: u64, r: usize| {
+        let x = T::input(op, seed, idx, r, nranks);
+        if op == ReduceOp::MulSum {
+            premul(x, r)
+        } else {
+            x
+        }
+    };
     for (i, o) in out.iter_mut().enumerate() {
         let idx = first_index + i as u64;
-        let mut acc = T::input(op, seed, idx, 0, nranks);
+        let mut acc = contribution(idx, 0);
         for r in 1..nranks {
-            acc = combine(op, acc, T::input(op, seed, idx, r, nranks));
+            acc = combine(op, acc, contribution(idx, r));
         }
         if op == ReduceOp::Avg {
             acc = acc.div_n(nranks);
@@ -165,7 +329,8 @@ pub fn fill_expected_typed<T: Verifiable>(
 
 /// Count elements whose bits differ by more than the tolerance: 0, except float `avg`, which
 /// allows 2 units in the last place (as nccl-tests does) so that an implementation that
-/// premultiplies by 1/n instead of dividing the sum still validates.
+/// premultiplies by 1/n instead of dividing the sum still validates. `mulsum` is exact: its
+/// scalars are powers of two.
 pub fn count_wrong_typed<T: Element>(got: &[T], expected: &[T], op: ReduceOp) -> u64 {
     let tol = if op == ReduceOp::Avg && T::DTYPE.is_float() {
         2
@@ -207,12 +372,28 @@ macro_rules! with_dtype {
                 type $T = u64;
                 $body
             }
+            $crate::DataType::Float16 => {
+                type $T = $crate::element::f16;
+                $body
+            }
             $crate::DataType::Float32 => {
                 type $T = f32;
                 $body
             }
             $crate::DataType::Float64 => {
                 type $T = f64;
+                $body
+            }
+            $crate::DataType::BFloat16 => {
+                type $T = $crate::element::bf16;
+                $body
+            }
+            $crate::DataType::F8E4M3 => {
+                type $T = $crate::element::F8E4M3;
+                $body
+            }
+            $crate::DataType::F8E5M2 => {
+                type $T = $crate::element::F8E5M2;
                 $body
             }
         }
@@ -229,7 +410,8 @@ pub fn as_typed<T: Element>(bytes: &[u8]) -> &[T] {
         T::DTYPE
     );
     // SAFETY: alignment and length checked above; every bit pattern is a valid T for the
-    // integer and float types that implement Element.
+    // types that implement Element (primitive integers and floats, and the `repr(transparent)`
+    // wrappers of u16/u8 that `half` and `element::fp8` define).
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
 }
 
@@ -278,25 +460,37 @@ pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], expected: &[u8]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::element::premul_scalar;
 
-    /// The property the whole scheme rests on: any reduction order gives the same bits.
-    #[test]
-    fn float_reductions_are_order_independent() {
-        for n in [1usize, 2, 3, 7, 8, 64, 1000] {
+    const NS: [usize; 7] = [1, 2, 3, 7, 8, 64, 1000];
+
+    fn fold<T: Element>(op: ReduceOp, it: impl Iterator<Item = T>) -> T {
+        it.reduce(|a, b| combine(op, a, b)).unwrap()
+    }
+
+    /// The property the whole scheme rests on: any reduction order gives the same bits, and
+    /// those bits are the exact (infinitely precise) result.
+    fn check_order_independence<T: Verifiable + FloatLayout + std::fmt::Debug>() {
+        let name = T::DTYPE;
+        for n in NS {
             for op in ReduceOp::ALL {
                 for idx in 0..200u64 {
-                    let vals: Vec<f32> = (0..n).map(|r| f32::input(op, 5, idx, r, n)).collect();
-                    let fwd = vals
-                        .iter()
-                        .copied()
-                        .reduce(|a, b| combine(op, a, b))
-                        .unwrap();
-                    let rev = vals
-                        .iter()
-                        .rev()
-                        .copied()
-                        .reduce(|a, b| combine(op, a, b))
-                        .unwrap();
+                    let vals: Vec<T> = (0..n)
+                        .map(|r| {
+                            let x = T::input(op, 5, idx, r, n);
+                            let b = x.to_bits_u64();
+                            let bits = 1 + T::MANT + T::EXP_BITS;
+                            assert_ne!(b, 1 << (bits - 1), "{name} {op} n={n}: -0 generated");
+                            assert!(x.to_f64().is_finite(), "{name} {op} n={n}: {x:?}");
+                            if op == ReduceOp::MulSum {
+                                premul(x, r)
+                            } else {
+                                x
+                            }
+                        })
+                        .collect();
+                    let fwd = fold(op, vals.iter().copied());
+                    let rev = fold(op, vals.iter().rev().copied());
                     // Pairwise (tree-like) order.
                     let mut layer = vals.clone();
                     while layer.len() > 1 {
@@ -311,22 +505,78 @@ mod tests {
                             })
                             .collect();
                     }
-                    assert_eq!(fwd.to_bits(), rev.to_bits(), "n={n} op={op} idx={idx}");
-                    assert_eq!(fwd.to_bits(), layer[0].to_bits(), "n={n} op={op} idx={idx}");
-                    assert!(fwd.is_finite(), "n={n} op={op} idx={idx}: {fwd}");
-                    let vals: Vec<f64> = (0..n).map(|r| f64::input(op, 5, idx, r, n)).collect();
-                    let fwd = vals
-                        .iter()
-                        .copied()
-                        .reduce(|a, b| combine(op, a, b))
-                        .unwrap();
-                    let rev = vals
-                        .iter()
-                        .rev()
-                        .copied()
-                        .reduce(|a, b| combine(op, a, b))
-                        .unwrap();
-                    assert_eq!(fwd.to_bits(), rev.to_bits(), "f64 n={n} op={op} idx={idx}");
+                    let ctx = format!("{name} n={n} op={op} idx={idx}: {fwd:?}");
+                    assert_eq!(fwd.to_bits_u64(), rev.to_bits_u64(), "{ctx} vs {rev:?}");
+                    assert_eq!(fwd.to_bits_u64(), layer[0].to_bits_u64(), "{ctx}");
+                    assert!(fwd.to_f64().is_finite(), "{ctx}");
+                    // Exactness: the type's result equals the exact result, which f64
+                    // arithmetic gives for these values.
+                    let exact = match op {
+                        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => {
+                            vals.iter().map(|v| v.to_f64()).sum::<f64>()
+                        }
+                        ReduceOp::Prod => vals.iter().map(|v| v.to_f64()).product::<f64>(),
+                        _ => fwd.to_f64(),
+                    };
+                    assert_eq!(fwd.to_f64(), exact, "{ctx}");
+                    let mut want = [fwd];
+                    fill_expected_typed(&mut want, op, 5, idx, n);
+                    let fwd = if op == ReduceOp::Avg {
+                        fwd.div_n(n)
+                    } else {
+                        fwd
+                    };
+                    assert_eq!(want[0].to_bits_u64(), fwd.to_bits_u64(), "{ctx}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_reductions_are_order_independent() {
+        check_order_independence::<f16>();
+        check_order_independence::<f32>();
+        check_order_independence::<f64>();
+        check_order_independence::<bf16>();
+        check_order_independence::<F8E4M3>();
+        check_order_independence::<F8E5M2>();
+    }
+
+    /// Inputs must exercise the data path: mostly nonzero where the scheme allows, different
+    /// per rank, and every rank contributing to some elements.
+    fn check_not_trivial<T: Verifiable + FloatLayout>() {
+        for op in ReduceOp::ALL {
+            for n in [2usize, 4, 1000] {
+                let count = 4096u64;
+                let mut nonzero = vec![0u64; n];
+                let mut distinct = 0;
+                for i in 0..count {
+                    let v: Vec<T> = (0..n).map(|r| T::input(op, 1, i, r, n)).collect();
+                    for (r, x) in v.iter().enumerate() {
+                        nonzero[r] += (x.to_f64() != 0.0) as u64;
+                    }
+                    distinct += (v[0].to_bits_u64() != v[1].to_bits_u64()) as u64;
+                }
+                let ctx = format!("{} {op} n={n}", T::DTYPE);
+                let sum_like = matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum);
+                if sum_like && n > 4 {
+                    // Only a window of ranks contributes to each element, but every rank
+                    // somewhere.
+                    assert!(
+                        nonzero.iter().all(|z| *z > 0),
+                        "{ctx}: a rank never contributes"
+                    );
+                    continue;
+                }
+                assert!(distinct > count / 4, "{ctx}: ranks 0 and 1 too alike");
+                // Sum-like ops on fp8 let only one or two ranks per element contribute.
+                let min = if sum_like && T::MANT <= 3 {
+                    count / 8
+                } else {
+                    count / 3
+                };
+                for (r, z) in nonzero.iter().enumerate() {
+                    assert!(*z > min, "{ctx}: rank {r} nonzero {z}");
                 }
             }
         }
@@ -334,18 +584,82 @@ mod tests {
 
     #[test]
     fn inputs_differ_by_rank_and_are_not_trivial() {
-        let a: Vec<f32> = (0..64)
-            .map(|i| f32::input(ReduceOp::Sum, 1, i, 0, 4))
-            .collect();
-        let b: Vec<f32> = (0..64)
-            .map(|i| f32::input(ReduceOp::Sum, 1, i, 1, 4))
-            .collect();
-        assert_ne!(a, b);
-        assert!(a.iter().filter(|v| **v != 0.0).count() > 50);
+        check_not_trivial::<f16>();
+        check_not_trivial::<f32>();
+        check_not_trivial::<f64>();
+        check_not_trivial::<bf16>();
+        check_not_trivial::<F8E4M3>();
+        check_not_trivial::<F8E5M2>();
         let p: Vec<i8> = (0..64)
             .map(|i| i8::input(ReduceOp::Prod, 1, i, 0, 4))
             .collect();
         assert!(p.iter().all(|v| v & 1 == 1));
+    }
+
+    #[test]
+    fn integer_mulsum_expects_the_premultiplied_wrapping_sum() {
+        let n = 5;
+        let mut got = [0u8; 300];
+        fill_expected_typed(&mut got, ReduceOp::MulSum, 9, 100, n);
+        for (i, g) in got.iter().enumerate() {
+            let idx = 100 + i as u64;
+            let want = (0..n).fold(0u8, |acc, r| {
+                let s = premul_scalar(r) as u8;
+                acc.wrapping_add(u8::input(ReduceOp::MulSum, 9, idx, r, n).wrapping_mul(s))
+            });
+            assert_eq!(*g, want);
+        }
+        let mut sum = [0u8; 300];
+        fill_expected_typed(&mut sum, ReduceOp::Sum, 9, 100, n);
+        assert_ne!(got, sum, "mulsum must not validate as a plain sum");
+    }
+
+    #[test]
+    fn float_mulsum_differs_from_sum_where_odd_ranks_contribute() {
+        let n = 4;
+        let mut mulsum = [0f32; 256];
+        fill_expected_typed(&mut mulsum, ReduceOp::MulSum, 3, 0, n);
+        let mut plain = [0f32; 256];
+        for (i, o) in plain.iter_mut().enumerate() {
+            *o = (0..n)
+                .map(|r| f32::input(ReduceOp::MulSum, 3, i as u64, r, n))
+                .sum();
+        }
+        assert!(mulsum.iter().zip(&plain).filter(|(a, b)| a != b).count() > 100);
+    }
+
+    #[test]
+    fn byte_level_helpers_cover_every_dtype() {
+        for d in DataType::ALL {
+            with_dtype!(d, T => {
+                assert_eq!(std::mem::size_of::<T>(), d.size(), "{d}");
+                assert_eq!(<T as Element>::DTYPE, d);
+            });
+            for op in ReduceOp::ALL {
+                let n = 3;
+                let count = 37;
+                let mut want = vec![0u64; count]; // u64 storage keeps every type aligned
+                let want = as_bytes_mut(&mut want, count * d.size());
+                fill_expected(d, op, want, 11, 0, n);
+                let mut got = vec![0u64; count];
+                let got = as_bytes_mut(&mut got, count * d.size());
+                got.copy_from_slice(want);
+                assert_eq!(count_wrong(d, op, got, want), 0, "{d} {op}");
+                // Flip the top bit of the last element: always a different value's bits.
+                got[count * d.size() - 1] ^= 0x80;
+                assert_eq!(count_wrong(d, op, got, want), 1, "{d} {op}");
+                let mut input = vec![0u64; count];
+                let input = as_bytes_mut(&mut input, count * d.size());
+                fill_input(d, op, input, 11, 0, 1, n);
+                assert!(input.iter().any(|b| *b != 0), "{d} {op}");
+            }
+        }
+    }
+
+    fn as_bytes_mut(v: &mut [u64], len: usize) -> &mut [u8] {
+        // SAFETY: u8 has no alignment or validity requirements; `len` is within `v`.
+        assert!(len <= v.len() * 8);
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
     }
 
     #[test]
@@ -355,9 +669,32 @@ mod tests {
         assert_eq!(count_wrong_typed(&g, &e, ReduceOp::Sum), 0);
         g[1] = f32::from_bits(2.0f32.to_bits() + 1);
         assert_eq!(count_wrong_typed(&g, &e, ReduceOp::Sum), 1);
+        assert_eq!(count_wrong_typed(&g, &e, ReduceOp::MulSum), 1);
         assert_eq!(count_wrong_typed(&g, &e, ReduceOp::Avg), 0);
         g[2] = -3.0;
         assert_eq!(count_wrong_typed(&g, &e, ReduceOp::Avg), 1);
         assert_eq!(count_wrong_typed(&[0.0f32], &[-0.0f32], ReduceOp::Max), 1);
+        let e8 = [F8E4M3(0x38)];
+        assert_eq!(count_wrong_typed(&[F8E4M3(0x3a)], &e8, ReduceOp::Avg), 0);
+        assert_eq!(count_wrong_typed(&[F8E4M3(0x3b)], &e8, ReduceOp::Avg), 1);
+        assert_eq!(count_wrong_typed(&[F8E4M3(0x39)], &e8, ReduceOp::Sum), 1);
+        // +0 and -0 compare equal as values but not as bits.
+        assert_eq!(
+            count_wrong_typed(&[F8E5M2(0x80)], &[F8E5M2(0)], ReduceOp::Sum),
+            1
+        );
+        let h = [f16::from_f32(1.0)];
+        assert_eq!(
+            count_wrong_typed(&[f16::from_f32(1.0)], &h, ReduceOp::Sum),
+            0
+        );
+        assert_eq!(
+            count_wrong_typed(
+                &[bf16::from_f32(-1.0)],
+                &[bf16::from_f32(1.0)],
+                ReduceOp::Min
+            ),
+            1
+        );
     }
 }

@@ -53,6 +53,10 @@ pub struct RunHeader {
     pub graph: u32,
     pub unalign: u32,
     pub devices: Vec<DeviceInfo>,
+    /// Labels of columns appended after nccl-tests' own (e.g. `algo` with `--algo auto`).
+    /// Empty by default, which keeps the table byte-compatible with nccl-tests.
+    #[serde(default)]
+    pub extra_columns: Vec<String>,
 }
 
 /// Measurements for one placement (out-of-place or in-place) of one size.
@@ -83,6 +87,9 @@ pub struct Row {
     pub root: i64,
     pub out_of_place: Cell,
     pub in_place: Cell,
+    /// Values of [`RunHeader::extra_columns`], in the same order.
+    #[serde(default)]
+    pub extra: Vec<String>,
 }
 
 /// Summary printed after the last data row.

@@ -29,6 +29,13 @@ impl<W: Write> TextTable<W> {
         &self.out
     }
 
+    /// A line outside the table's grammar that nccl-tests also prints in place of rows
+    /// (e.g. hypercube's "nRanks 6 is not a power of 2, skipping").
+    pub fn note(&mut self, line: &str) -> std::io::Result<()> {
+        writeln!(self.out, "{line}")?;
+        self.out.flush()
+    }
+
     pub fn into_inner(self) -> W {
         self.out
     }
@@ -89,27 +96,49 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
         "# {:10}  {:12}  {:8}  {:6}  {:6}           out-of-place                       in-place          ",
         "", "", "", "", ""
     ));
-    lines.push(column_line(&[
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-        "algbw", "busbw", "#wrong",
-    ]));
-    lines.push(column_line(&[
-        "(B)",
-        "(elements)",
-        "",
-        "",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-    ]));
+    let extra = |line: String, units: bool| {
+        if h.extra_columns.is_empty() {
+            return line;
+        }
+        // The trailing space is nccl-tests' empty timestamp column; extra columns take its
+        // place.
+        let mut l = line.strip_suffix(' ').unwrap_or(&line).to_string();
+        for label in &h.extra_columns {
+            l.push_str("  ");
+            l.push_str(&pad_left(if units { "" } else { label }, EXTRA_WIDTH));
+        }
+        l
+    };
+    lines.push(extra(
+        column_line(&[
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+            "algbw", "busbw", "#wrong",
+        ]),
+        false,
+    ));
+    lines.push(extra(
+        column_line(&[
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+        ]),
+        true,
+    ));
     lines
 }
+
+/// Width of each column appended after nccl-tests' own.
+const EXTRA_WIDTH: usize = 6;
 
 /// `"# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"`
 /// with the trailing timestamp column at width 0, hence the final space.
@@ -135,6 +164,10 @@ pub fn row_line(r: &Row) -> String {
     );
     for cell in [&r.out_of_place, &r.in_place] {
         push_cell(&mut s, cell);
+    }
+    for v in &r.extra {
+        s.push_str("  ");
+        s.push_str(&pad_left(v, EXTRA_WIDTH));
     }
     s
 }

@@ -42,6 +42,7 @@ fn header() -> RunHeader {
                 name: "busbw CPU".into(),
             },
         ],
+        extra_columns: vec![],
     }
 }
 
@@ -64,6 +65,7 @@ fn rows() -> Vec<Row> {
             root: -1,
             out_of_place: cell(12.34, 0.00065, 0.00113, Some(0)),
             in_place: cell(12.1, 0.00066, 0.00116, Some(0)),
+            extra: vec![],
         },
         Row {
             size: 134_217_728,
@@ -73,6 +75,7 @@ fn rows() -> Vec<Row> {
             root: -1,
             out_of_place: cell(1234.5, 108.72, 190.26, Some(0)),
             in_place: cell(1230.1, 109.11, 190.94, Some(0)),
+            extra: vec![],
         },
         Row {
             size: 1_073_741_824,
@@ -82,6 +85,7 @@ fn rows() -> Vec<Row> {
             root: 0,
             out_of_place: cell(12_345_678.0, 0.087, 1_234_567.0, Some(1_048_576)),
             in_place: cell(123_456.7, 12_345.4, 0.125, None),
+            extra: vec![],
         },
     ]
 }
@@ -219,6 +223,7 @@ fn unvalidated_out_of_place_prints_na() {
         root: 3,
         out_of_place: cell(0.0, 0.0, 0.0, None),
         in_place: cell(0.5, 0.0, 0.0, Some(3)),
+        extra: vec![],
     };
     let mut t = TextTable::new(Vec::new());
     t.row(&r).expect("write to Vec");
@@ -308,4 +313,35 @@ fn records_are_serde_types() {
     assert_serde::<RunHeader>();
     assert_serde::<Row>();
     assert_serde::<Footer>();
+}
+
+/// `--algo auto` appends a column; the rest of each line is unchanged.
+#[test]
+fn extra_columns_follow_the_nccl_tests_columns() {
+    let mut h = header();
+    h.devices.truncate(1);
+    h.extra_columns = vec!["algo".into()];
+    let mut r = rows().remove(0);
+    r.extra = vec!["tree".into()];
+    let mut t = TextTable::new(Vec::new());
+    t.header(&h).expect("write");
+    t.row(&r).expect("write");
+    let text = String::from_utf8(t.into_inner()).expect("UTF-8");
+    let lines: Vec<&str> = text.lines().collect();
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 3],
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong    algo"
+    );
+    assert_eq!(
+        lines[n - 2],
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)                "
+    );
+    let plain = {
+        let mut t = TextTable::new(Vec::new());
+        r.extra.clear();
+        t.row(&r).expect("write");
+        String::from_utf8(t.into_inner()).expect("UTF-8")
+    };
+    assert_eq!(lines[n - 1], format!("{}    tree", plain.trim_end()));
 }

@@ -22,6 +22,7 @@ struct Message {
 
 struct Incoming {
     from: Identity,
+    channel: u32,
     messages: Receiver<Message>,
 }
 
@@ -99,7 +100,12 @@ impl Transport for InprocTransport {
         ))
     }
 
-    fn connect(&self, handle: &Handle, _timeout: Duration) -> Result<Box<dyn SendComm>> {
+    fn connect(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        _timeout: Duration,
+    ) -> Result<Box<dyn SendComm>> {
         let (id, peer) = parse_handle(handle)?;
         let tx = registry()
             .lock()
@@ -110,6 +116,7 @@ impl Transport for InprocTransport {
         let (mtx, mrx) = mpsc::channel();
         tx.send(Incoming {
             from: self.identity,
+            channel,
             messages: mrx,
         })
         .map_err(|_| TransportError::PeerClosed { peer })?;
@@ -146,6 +153,7 @@ impl Listener for InprocListener {
                     return Ok(Box::new(InprocRecv {
                         rx: inc.messages,
                         peer,
+                        channel: inc.channel,
                         slots: Slots::new(1024, peer),
                     }));
                 }
@@ -205,6 +213,7 @@ impl SendComm for InprocSend {
 struct InprocRecv {
     rx: Receiver<Message>,
     peer: u32,
+    channel: u32,
     slots: Slots<(usize, *mut u8, u32)>,
 }
 
@@ -258,5 +267,9 @@ impl RecvComm for InprocRecv {
 
     fn peer(&self) -> u32 {
         self.peer
+    }
+
+    fn channel(&self) -> u32 {
+        self.channel
     }
 }

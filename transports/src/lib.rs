@@ -147,10 +147,19 @@ pub trait Transport: Send + Sync {
     /// Who this instance speaks for.
     fn identity(&self) -> Identity;
 
-    /// Connect to the listener behind `handle`. Returns as soon as the connection is usable
-    /// for sending; it does not wait for the peer to call accept, so ranks may connect in any
-    /// order without deadlocking.
-    fn connect(&self, handle: &Handle, timeout: Duration) -> Result<Box<dyn SendComm>>;
+    /// Connect to the listener behind `handle` on `channel`. Returns as soon as the
+    /// connection is usable for sending; it does not wait for the peer to call accept, so
+    /// ranks may connect in any order without deadlocking.
+    ///
+    /// Channels are independent ordered streams between the same two ranks (NCCL's channels):
+    /// algorithms that run several pipelines at once, such as the two trees of a double binary
+    /// tree, give each its own channel so that their messages never interleave on one stream.
+    fn connect(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+    ) -> Result<Box<dyn SendComm>>;
 
     /// Register memory for use in `isend`/`irecv`.
     fn register(&self, region: MemRegion) -> Result<Registration> {
@@ -224,6 +233,9 @@ pub trait RecvComm: Send {
 
     /// Rank of the peer this comm talks to (for error messages).
     fn peer(&self) -> u32;
+
+    /// The channel the connector asked for in [`Transport::connect`].
+    fn channel(&self) -> u32;
 
     /// A file descriptor that becomes readable when `test` may make progress, so that a rank
     /// with nothing to do can sleep in poll(2) instead of spinning. This matters whenever

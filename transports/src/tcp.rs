@@ -170,7 +170,12 @@ impl Transport for TcpTransport {
         ))
     }
 
-    fn connect(&self, handle: &Handle, timeout: Duration) -> Result<Box<dyn SendComm>> {
+    fn connect(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+    ) -> Result<Box<dyn SendComm>> {
         let (peer, addr) = parse_handle(handle)?;
         let deadline = Instant::now() + timeout;
         // The peer's listener exists before its handle is published, but a connect can still
@@ -206,6 +211,7 @@ impl Transport for TcpTransport {
         hello[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello[12..16].copy_from_slice(&self.identity.rank.to_le_bytes());
         hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
+        hello[24..28].copy_from_slice(&channel.to_le_bytes());
         let mut s = &stream;
         s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
             .map_err(io_err)?;
@@ -226,8 +232,9 @@ struct TcpListenerComm {
 }
 
 impl TcpListenerComm {
-    /// Reads and checks the hello frame; `Ok(None)` means "not one of ours, drop it".
-    fn handshake(&self, stream: &TcpStream, deadline: Instant) -> io::Result<Option<u32>> {
+    /// Reads and checks the hello frame, returning the peer's (rank, channel); `Ok(None)`
+    /// means "not one of ours, drop it".
+    fn handshake(&self, stream: &TcpStream, deadline: Instant) -> io::Result<Option<(u32, u32)>> {
         let wait = remaining(deadline)
             .unwrap_or(Duration::from_millis(1))
             .min(Duration::from_secs(5));
@@ -249,7 +256,7 @@ impl TcpListenerComm {
         {
             return Ok(None);
         }
-        Ok(Some(word(12..16) as u32))
+        Ok(Some((word(12..16) as u32, word(24..28) as u32)))
     }
 }
 
@@ -297,7 +304,7 @@ impl Listener for TcpListenerComm {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let Ok(Some(peer)) = self.handshake(&stream, deadline) else {
+            let Ok(Some((peer, channel))) = self.handshake(&stream, deadline) else {
                 // A stranger: drop it and keep waiting for the peer we expect.
                 continue;
             };
@@ -309,6 +316,7 @@ impl Listener for TcpListenerComm {
                 slots: Slots::new(self.config.max_requests, peer),
                 stream,
                 peer,
+                channel,
                 header: [0; HEADER_LEN],
                 header_got: 0,
                 incoming: None,
@@ -456,6 +464,7 @@ struct TcpRecvComm {
     slots: Slots<RecvReq>,
     stream: TcpStream,
     peer: u32,
+    channel: u32,
     header: [u8; HEADER_LEN],
     header_got: usize,
     /// Length of the message whose payload is being read, once its header is in.
@@ -574,6 +583,10 @@ impl RecvComm for TcpRecvComm {
 
     fn peer(&self) -> u32 {
         self.peer
+    }
+
+    fn channel(&self) -> u32 {
+        self.channel
     }
 
     fn readiness_fd(&self) -> Option<i32> {

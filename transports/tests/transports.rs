@@ -46,9 +46,10 @@ fn round_trip(mk: fn(u32, u64) -> Box<dyn Transport>) {
     let a = mk(0, 42);
     let b = mk(1, 42);
     let (handle, mut listener) = b.listen().unwrap();
-    let mut send = a.connect(&handle, T).unwrap();
+    let mut send = a.connect(&handle, 3, T).unwrap();
     let mut recv = listener.accept(T).unwrap();
     assert_eq!(recv.peer(), 0);
+    assert_eq!(recv.channel(), 3, "the channel travels in the hello");
     assert_eq!(send.peer(), 1);
 
     // Large enough to exceed socket buffers, so partial reads and writes happen.
@@ -108,7 +109,7 @@ fn truncation(mk: fn(u32, u64) -> Box<dyn Transport>) {
     let a = mk(3, 1);
     let b = mk(4, 1);
     let (handle, mut listener) = b.listen().unwrap();
-    let mut send = a.connect(&handle, T).unwrap();
+    let mut send = a.connect(&handle, 0, T).unwrap();
     let mut recv = listener.accept(T).unwrap();
     let src = [1u8; 100];
     let mut dst = vec![0u8; 100];
@@ -157,7 +158,7 @@ fn peer_closed(mk: fn(u32, u64) -> Box<dyn Transport>) {
     let a = mk(2, 9);
     let b = mk(5, 9);
     let (handle, mut listener) = b.listen().unwrap();
-    let send = a.connect(&handle, T).unwrap();
+    let send = a.connect(&handle, 0, T).unwrap();
     let mut recv = listener.accept(T).unwrap();
     drop(send);
     let mut dst = vec![0u8; 8];
@@ -203,9 +204,9 @@ fn tcp_refuses_stray_connections() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxx")
         .unwrap();
     let other_job = tcp(0, 78);
-    let _wrong = other_job.connect(&handle, T).unwrap();
+    let _wrong = other_job.connect(&handle, 0, T).unwrap();
     let right = tcp(6, 77);
-    let _ok = right.connect(&handle, T).unwrap();
+    let _ok = right.connect(&handle, 0, T).unwrap();
 
     let recv = listener.accept(T).unwrap();
     assert_eq!(
@@ -231,7 +232,7 @@ fn tcp_connect_to_nothing_times_out_naming_the_peer() {
         .port();
     let h =
         busbw_transports::Handle(format!("busbw-tcp/1 rank=9 addr=127.0.0.1:{port}").into_bytes());
-    let err = match a.connect(&h, Duration::from_millis(300)) {
+    let err = match a.connect(&h, 0, Duration::from_millis(300)) {
         Err(e) => e,
         Ok(_) => panic!("connected to nothing"),
     };

@@ -2,14 +2,20 @@
 //! how to compute its bandwidths, how to make and check its data, and how to run it. The
 //! harness is shared by all of them.
 
-pub mod all_reduce;
+mod data;
+mod descriptors;
 
+use busbw_collectives::algo::{Algo, CostModel};
 use busbw_collectives::{CommError, Communicator, DataType, ReduceOp};
+use std::ops::Range;
+
+pub use descriptors::ALL;
 
 /// Buffer geometry for one row of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counts {
-    /// The `count` column: elements passed to the collective.
+    /// The `count` column: elements passed to the collective (per rank or per peer for the
+    /// collectives that divide by the rank count).
     pub count: usize,
     pub send_bytes: usize,
     pub recv_bytes: usize,
@@ -23,17 +29,23 @@ impl Counts {
 }
 
 /// Everything that generates or checks one placement's data.
+#[derive(Clone, Copy)]
 pub struct DataCtx {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub seed: u64,
     pub rank: usize,
     pub nranks: usize,
+    pub root: usize,
     pub counts: Counts,
     pub in_place: bool,
+    /// Algorithm for collectives that have a choice, and the model `Auto` chooses with.
+    pub algo: Algo,
+    pub model: Option<CostModel>,
 }
 
-/// Fills the inputs (in `send`, or in `recv` when in place) and the expected output.
+/// Fills the inputs (in `send`, or in `recv` when in place) and the expected content of the
+/// checked range of `recv`.
 pub type InitFn = fn(ctx: &DataCtx, send: &mut [u8], recv: &mut [u8], expected: Option<&mut [u8]>);
 
 /// Runs the collective once; `send` is ignored in place.
@@ -44,25 +56,50 @@ pub type RunFn = fn(
     ctx: &DataCtx,
 ) -> Result<(), CommError>;
 
+/// What the `redop` column shows and whether `-o` is looped over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redop {
+    /// A reduction: loop over `-o`, print the op.
+    Reduces,
+    /// Not a reduction, but nccl-tests loops over `-o` and prints it anyway (sendrecv).
+    Prints,
+    /// Print this fixed label (`none`, or empty for hypercube); `-o` is ignored.
+    Fixed(&'static str),
+}
+
 pub struct CollectiveSpec {
     /// Program name as nccl-tests names its binary (`all_reduce_perf`).
     pub program: &'static str,
-    /// Whether `-o` applies (reductions); others print `none`.
-    pub reduces: bool,
+    pub redop: Redop,
+    /// Whether `-r` applies (broadcast, reduce, scatter, gather).
+    pub rooted: bool,
+    /// Whether `--algo` applies (AllReduce: ring or double binary tree).
+    pub algos: bool,
     pub counts: fn(bytes: u64, dtype: DataType, nranks: usize) -> Counts,
     /// Bytes that `algbw` is computed from.
     pub alg_bytes: fn(counts: &Counts, nranks: usize) -> f64,
     /// `busbw = algbw × factor`; see nccl-tests' PERFORMANCE.md for the reasoning.
     pub busbw_factor: fn(nranks: usize) -> f64,
     pub init: InitFn,
+    /// The bytes of the receive buffer that validation compares.
+    pub checked: fn(ctx: &DataCtx) -> Range<usize>,
+    /// Whether in-place results are validated (nccl-tests does not for alltoall).
+    pub checks_in_place: bool,
     pub run: RunFn,
+    /// A reason to skip the whole test at this rank count (hypercube needs a power of two).
+    pub skip: fn(nranks: usize) -> Option<String>,
+}
+
+impl std::fmt::Debug for CollectiveSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.program)
+    }
 }
 
 /// Look a collective up by its program name (`all_reduce_perf`) or short name (`all_reduce`).
 pub fn find(name: &str) -> Option<&'static CollectiveSpec> {
     let short = name.strip_suffix("_perf").unwrap_or(name);
-    match short {
-        "all_reduce" => Some(&all_reduce::SPEC),
-        _ => None,
-    }
+    ALL.iter()
+        .copied()
+        .find(|s| s.program.strip_suffix("_perf") == Some(short))
 }

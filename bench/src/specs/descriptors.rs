@@ -1,0 +1,481 @@
+//! The ten nccl-tests collectives. Counts, algbw bytes and busbw factors follow nccl-tests'
+//! `*GetCollByteCount` and `*GetBw` (compatibility spec §3); data follows its `verifiable`
+//! recipes (§2): reductions use the exact-in-any-order generators, the others the Nil
+//! sequence with per-rank seeds or global indices so that a misplaced block is detected.
+
+use super::data::{nil, per_rank, rank_seed};
+use super::{CollectiveSpec, Counts, DataCtx, Redop};
+use busbw_collectives as coll;
+use busbw_collectives::verifiable::{fill_expected, fill_input};
+use busbw_collectives::{CommError, Communicator, Data, DataType};
+use std::ops::Range;
+
+pub static ALL: [&CollectiveSpec; 10] = [
+    &ALL_REDUCE,
+    &ALL_GATHER,
+    &BROADCAST,
+    &REDUCE_SCATTER,
+    &REDUCE,
+    &ALLTOALL,
+    &SCATTER,
+    &GATHER,
+    &SENDRECV,
+    &HYPERCUBE,
+];
+
+fn no_skip(_n: usize) -> Option<String> {
+    None
+}
+
+fn whole(counts: &Counts, _n: usize) -> f64 {
+    counts.size() as f64
+}
+
+fn one(_n: usize) -> f64 {
+    1.0
+}
+
+/// (n-1)/n: the fraction of the data that must cross a link (nccl-tests PERFORMANCE.md).
+fn gather_factor(n: usize) -> f64 {
+    (n as f64 - 1.0) / n as f64
+}
+
+fn all_checked(ctx: &DataCtx) -> Range<usize> {
+    0..ctx.counts.recv_bytes
+}
+
+/// Size and count for the collectives that take the whole size as their count.
+fn plain_counts(bytes: u64, dtype: DataType, _n: usize) -> Counts {
+    let count = bytes as usize / dtype.size();
+    let b = count * dtype.size();
+    Counts {
+        count,
+        send_bytes: b,
+        recv_bytes: b,
+    }
+}
+
+/// The input buffer of a placement: `send`, or the receive buffer at `offset` in place.
+fn input<'a>(
+    ctx: &DataCtx,
+    send: &'a mut [u8],
+    recv: &'a mut [u8],
+    offset: usize,
+    len: usize,
+) -> &'a mut [u8] {
+    if ctx.in_place {
+        &mut recv[offset..offset + len]
+    } else {
+        &mut send[..len]
+    }
+}
+
+fn data<'a>(ctx: &DataCtx, send: &'a [u8], recv: &'a mut [u8]) -> Data<'a> {
+    let c = ctx.counts;
+    if ctx.in_place {
+        Data::InPlace(&mut recv[..c.size()])
+    } else {
+        Data::OutOfPlace {
+            send: &send[..c.send_bytes],
+            recv: &mut recv[..c.recv_bytes],
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- all_reduce
+
+pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
+    program: "all_reduce_perf",
+    redop: Redop::Reduces,
+    rooted: false,
+    algos: true,
+    counts: plain_counts,
+    alg_bytes: whole,
+    // 2(n-1) transfers of every element over n links.
+    busbw_factor: |n| 2.0 * (n as f64 - 1.0) / n as f64,
+    init: |ctx, send, recv, expected| {
+        let b = ctx.counts.send_bytes;
+        let inp = input(ctx, send, recv, 0, b);
+        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
+        if let Some(e) = expected {
+            fill_expected(ctx.dtype, ctx.op, &mut e[..b], ctx.seed, 0, ctx.nranks);
+        }
+    },
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        let d = data(ctx, send, recv);
+        coll::algo::all_reduce_with(
+            comm,
+            d,
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.op,
+            ctx.algo,
+            ctx.model.as_ref(),
+        )
+        .map(|_| ())
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- all_gather
+
+fn gathered_counts(bytes: u64, dtype: DataType, n: usize) -> Counts {
+    let pr = per_rank(bytes, dtype, n);
+    Counts {
+        count: pr,
+        send_bytes: pr * dtype.size(),
+        recv_bytes: pr * n * dtype.size(),
+    }
+}
+
+/// Every rank's block j holds rank j's sequence (AllGather, HyperCube).
+fn init_gathered(ctx: &DataCtx, send: &mut [u8], recv: &mut [u8], expected: Option<&mut [u8]>) {
+    let sb = ctx.counts.send_bytes;
+    let inp = input(ctx, send, recv, ctx.rank * sb, sb);
+    nil(ctx.dtype, inp, rank_seed(ctx.seed, ctx.rank), 0);
+    if let Some(e) = expected {
+        for j in 0..ctx.nranks {
+            nil(
+                ctx.dtype,
+                &mut e[j * sb..(j + 1) * sb],
+                rank_seed(ctx.seed, j),
+                0,
+            );
+        }
+    }
+}
+
+pub static ALL_GATHER: CollectiveSpec = CollectiveSpec {
+    program: "all_gather_perf",
+    redop: Redop::Fixed("none"),
+    rooted: false,
+    algos: false,
+    counts: gathered_counts,
+    alg_bytes: whole,
+    busbw_factor: gather_factor,
+    init: init_gathered,
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::all_gather(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- broadcast
+
+pub static BROADCAST: CollectiveSpec = CollectiveSpec {
+    program: "broadcast_perf",
+    redop: Redop::Fixed("none"),
+    rooted: true,
+    algos: false,
+    counts: plain_counts,
+    alg_bytes: whole,
+    busbw_factor: one,
+    init: |ctx, send, recv, expected| {
+        let b = ctx.counts.send_bytes;
+        if ctx.rank == ctx.root {
+            nil(ctx.dtype, input(ctx, send, recv, 0, b), ctx.seed, 0);
+        }
+        if let Some(e) = expected {
+            nil(ctx.dtype, &mut e[..b], ctx.seed, 0);
+        }
+    },
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::broadcast(
+            comm,
+            data(ctx, send, recv),
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.root,
+        )
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- reduce_scatter
+
+fn scattered_counts(bytes: u64, dtype: DataType, n: usize) -> Counts {
+    let pr = per_rank(bytes, dtype, n);
+    Counts {
+        count: pr,
+        send_bytes: pr * n * dtype.size(),
+        recv_bytes: pr * dtype.size(),
+    }
+}
+
+/// In place, the output is block `rank` of the (input-sized) buffer.
+fn own_block(ctx: &DataCtx) -> Range<usize> {
+    let rb = ctx.counts.recv_bytes;
+    if ctx.in_place {
+        ctx.rank * rb..(ctx.rank + 1) * rb
+    } else {
+        0..rb
+    }
+}
+
+pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
+    program: "reduce_scatter_perf",
+    redop: Redop::Reduces,
+    rooted: false,
+    algos: false,
+    counts: scattered_counts,
+    alg_bytes: whole,
+    busbw_factor: gather_factor,
+    init: |ctx, send, recv, expected| {
+        let c = ctx.counts;
+        let inp = input(ctx, send, recv, 0, c.send_bytes);
+        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
+        if let Some(e) = expected {
+            let first = (ctx.rank * c.count) as u64;
+            fill_expected(
+                ctx.dtype,
+                ctx.op,
+                &mut e[..c.recv_bytes],
+                ctx.seed,
+                first,
+                ctx.nranks,
+            );
+        }
+    },
+    checked: own_block,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::reduce_scatter(
+            comm,
+            data(ctx, send, recv),
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.op,
+        )
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- reduce
+
+pub static REDUCE: CollectiveSpec = CollectiveSpec {
+    program: "reduce_perf",
+    redop: Redop::Reduces,
+    rooted: true,
+    algos: false,
+    counts: plain_counts,
+    alg_bytes: whole,
+    busbw_factor: one,
+    init: |ctx, send, recv, expected| {
+        let b = ctx.counts.send_bytes;
+        let inp = input(ctx, send, recv, 0, b);
+        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
+        if let Some(e) = expected {
+            let e = &mut e[..b];
+            if ctx.rank == ctx.root {
+                fill_expected(ctx.dtype, ctx.op, e, ctx.seed, 0, ctx.nranks);
+            } else if ctx.in_place {
+                // Not the root: the buffer must still hold our input.
+                fill_input(ctx.dtype, ctx.op, e, ctx.seed, 0, ctx.rank, ctx.nranks);
+            } else {
+                // Not the root: the (zeroed) receive buffer must stay untouched.
+                e.fill(0);
+            }
+        }
+    },
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::reduce(
+            comm,
+            data(ctx, send, recv),
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.op,
+            ctx.root,
+        )
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- alltoall
+
+fn alltoall_counts(bytes: u64, dtype: DataType, n: usize) -> Counts {
+    let pr = per_rank(bytes, dtype, n);
+    let b = pr * n * dtype.size();
+    Counts {
+        count: pr,
+        send_bytes: b,
+        recv_bytes: b,
+    }
+}
+
+pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
+    program: "alltoall_perf",
+    redop: Redop::Fixed("none"),
+    rooted: false,
+    algos: false,
+    counts: alltoall_counts,
+    alg_bytes: whole,
+    // 1/n of the data stays local (nccl-tests#130).
+    busbw_factor: gather_factor,
+    init: |ctx, send, recv, expected| {
+        let c = ctx.counts;
+        let inp = input(ctx, send, recv, 0, c.send_bytes);
+        nil(ctx.dtype, inp, rank_seed(ctx.seed, ctx.rank), 0);
+        if let Some(e) = expected {
+            let blk = c.count * ctx.dtype.size();
+            for j in 0..ctx.nranks {
+                nil(
+                    ctx.dtype,
+                    &mut e[j * blk..(j + 1) * blk],
+                    rank_seed(ctx.seed, j),
+                    ctx.rank * c.count,
+                );
+            }
+        }
+    },
+    checked: all_checked,
+    checks_in_place: false,
+    run: |comm, send, recv, ctx| {
+        coll::alltoall(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- scatter
+
+pub static SCATTER: CollectiveSpec = CollectiveSpec {
+    program: "scatter_perf",
+    redop: Redop::Fixed("none"),
+    rooted: true,
+    algos: false,
+    counts: scattered_counts,
+    alg_bytes: whole,
+    busbw_factor: gather_factor,
+    init: |ctx, send, recv, expected| {
+        let c = ctx.counts;
+        if ctx.rank == ctx.root {
+            nil(
+                ctx.dtype,
+                input(ctx, send, recv, 0, c.send_bytes),
+                ctx.seed,
+                0,
+            );
+        }
+        if let Some(e) = expected {
+            nil(
+                ctx.dtype,
+                &mut e[..c.recv_bytes],
+                ctx.seed,
+                ctx.rank * c.count,
+            );
+        }
+    },
+    checked: own_block,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::scatter(
+            comm,
+            data(ctx, send, recv),
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.root,
+        )
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- gather
+
+pub static GATHER: CollectiveSpec = CollectiveSpec {
+    program: "gather_perf",
+    redop: Redop::Fixed("none"),
+    rooted: true,
+    algos: false,
+    counts: gathered_counts,
+    alg_bytes: whole,
+    busbw_factor: gather_factor,
+    init: |ctx, send, recv, expected| {
+        let c = ctx.counts;
+        let sb = c.send_bytes;
+        nil(
+            ctx.dtype,
+            input(ctx, send, recv, ctx.rank * sb, sb),
+            ctx.seed,
+            ctx.rank * c.count,
+        );
+        if let Some(e) = expected {
+            let e = &mut e[..c.recv_bytes];
+            if ctx.rank == ctx.root {
+                nil(ctx.dtype, e, ctx.seed, 0);
+            } else {
+                // Not the root: nothing may be written; in place, our own block holds our input.
+                e.fill(0);
+                if ctx.in_place {
+                    let blk = &mut e[ctx.rank * sb..(ctx.rank + 1) * sb];
+                    nil(ctx.dtype, blk, ctx.seed, ctx.rank * c.count);
+                }
+            }
+        }
+    },
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::gather(
+            comm,
+            data(ctx, send, recv),
+            ctx.counts.count,
+            ctx.dtype,
+            ctx.root,
+        )
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- sendrecv
+
+pub static SENDRECV: CollectiveSpec = CollectiveSpec {
+    program: "sendrecv_perf",
+    redop: Redop::Prints,
+    rooted: false,
+    algos: false,
+    counts: plain_counts,
+    alg_bytes: whole,
+    busbw_factor: one,
+    init: |ctx, send, recv, expected| {
+        let c = ctx.counts;
+        let inp = input(ctx, send, recv, 0, c.send_bytes);
+        nil(ctx.dtype, inp, ctx.seed, ctx.rank * c.count);
+        if let Some(e) = expected {
+            let from = (ctx.rank + ctx.nranks - 1) % ctx.nranks;
+            nil(ctx.dtype, &mut e[..c.recv_bytes], ctx.seed, from * c.count);
+        }
+    },
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm, send, recv, ctx| {
+        coll::sendrecv(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    },
+    skip: no_skip,
+};
+
+// ---------------------------------------------------------------------------- hypercube
+
+pub static HYPERCUBE: CollectiveSpec = CollectiveSpec {
+    program: "hypercube_perf",
+    redop: Redop::Fixed(""),
+    rooted: false,
+    algos: false,
+    counts: gathered_counts,
+    // Each rank receives (n-1) blocks.
+    alg_bytes: |c, n| (c.send_bytes * (n - 1)) as f64,
+    busbw_factor: one,
+    init: init_gathered,
+    checked: all_checked,
+    checks_in_place: true,
+    run: |comm: &mut Communicator, send, recv, ctx| -> Result<(), CommError> {
+        coll::hypercube(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    },
+    skip: |n| (!n.is_power_of_two()).then(|| format!("nRanks {n} is not a power of 2, skipping")),
+};

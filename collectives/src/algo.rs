@@ -1,0 +1,350 @@
+//! AllReduce algorithm selection: `--algo ring|tree|auto`, NCCL_ALGO's counterpart.
+//!
+//! NCCL picks the algorithm per call from a cost model (`src/graph/tuning.cc`, compat spec
+//! §5.4): `time = latency + bytes / bandwidth` per (algorithm, protocol), smallest wins. Its
+//! constants describe GPUs, NVLink and NICs; ours are measured instead ([`calibrate`]), once,
+//! when the communicator starts, because a TCP loopback on a laptop and a 100 Gb/s fabric
+//! differ by orders of magnitude in both terms.
+//!
+//! Ranks must agree on the algorithm of every call (a rank running the ring while its peer runs
+//! the tree waits forever), so the measured model is combined across ranks before anyone uses
+//! it: every rank holds the very same bits and [`CostModel::choose`] is a pure function of them.
+
+use crate::communicator::Communicator;
+use crate::dtype::{DataType, ParseNameError, ReduceOp};
+use crate::error::CommError;
+use crate::ring::{all_reduce, all_reduce_values, bytes_of, Data};
+use crate::tree::{node_tree_depth, tree_all_reduce};
+use crate::HostBuffer;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+/// An AllReduce algorithm, or the request to choose one per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    Ring,
+    Tree,
+    Auto,
+}
+
+impl Algo {
+    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::Tree, Algo::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algo {
+    type Err = ParseNameError;
+    /// Case-insensitive, so NCCL_ALGO-style spellings (`Ring`, `Tree`) work as they are.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ring" => Ok(Algo::Ring),
+            "tree" => Ok(Algo::Tree),
+            "auto" => Ok(Algo::Auto),
+            _ => Err(ParseNameError {
+                what: "algorithm",
+                value: s.to_string(),
+                expected: Algo::ALL.map(Algo::name).join(", "),
+            }),
+        }
+    }
+}
+
+/// NCCL's bandwidth cost of the double binary tree relative to `bytes / beta`, used until
+/// [`calibrate`] measures the real one.
+///
+/// Each tree carries half of the data, and a rank that is interior in one tree (a leaf in the
+/// other) sends `S/2` up plus `S/2` to each of two children there, and `S/2` up in the other
+/// tree: `2·S` out and, symmetrically, `2·S` in, against the ring's `2(n-1)/n · S`. NCCL's
+/// tuning.cc gets the same factor 2 (tree algbw = busBw × 0.5) and charges the tree another
+/// 0.92 efficiency: `2 / 0.92`. That assumes each rank's own link is the bottleneck; when
+/// ranks share a host's cores and memory (a local run) the total bytes copied count instead,
+/// and those are the same for both algorithms, so the measured factor comes out near the
+/// ring's.
+pub const NCCL_TREE_BW_FACTOR: f64 = 2.0 / 0.92;
+
+/// A two-parameter (alpha-beta) cost model of one job's links, plus the tree's measured
+/// bandwidth factor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// Latency of one hop (a message from a rank to its neighbour and the neighbour acting
+    /// on it), in microseconds.
+    pub alpha_us: f64,
+    /// Bandwidth of one rank's link, GB/s (1e9 bytes per second).
+    pub beta_gbps: f64,
+    /// The tree's bandwidth term is `tree_bw_factor · bytes / beta` (the ring's is
+    /// `2(n-1)/n · bytes / beta`); see [`NCCL_TREE_BW_FACTOR`].
+    pub tree_bw_factor: f64,
+}
+
+/// Depth of the trees when every rank is its own node (the local case [`calibrate`]
+/// measures).
+fn tree_depth(nranks: usize) -> usize {
+    node_tree_depth(nranks)
+}
+
+impl CostModel {
+    /// A model with NCCL's tree bandwidth factor, for links whose numbers are known.
+    pub fn new(alpha_us: f64, beta_gbps: f64) -> Self {
+        CostModel {
+            alpha_us,
+            beta_gbps,
+            tree_bw_factor: NCCL_TREE_BW_FACTOR,
+        }
+    }
+
+    /// Predicted seconds for an AllReduce of `bytes` over `nranks` ranks.
+    ///
+    /// - Ring (compat spec §5.2): `2(n-1)` sequential steps, each one hop of latency, and
+    ///   every rank sends `2(n-1)/n · bytes` (reduce-scatter then all-gather):
+    ///   `2(n-1)·α + 2(n-1)/n · bytes/β`. Pipelining by segments overlaps the steps, so the
+    ///   bandwidth term is the link's, not the sum over steps.
+    /// - Double binary tree (§5.3/5.4): reduce up then broadcast down, `2·depth` hops, and
+    ///   `tree_bw_factor · bytes/β`. NCCL's tree latency is likewise per tree level
+    ///   (`2·(ppn-1 + log2 nNodes)` hops); here every rank is its own node.
+    /// - Auto: the smaller of the two.
+    pub fn predict(&self, algo: Algo, bytes: usize, nranks: usize) -> f64 {
+        if nranks <= 1 {
+            return 0.0;
+        }
+        let alpha = self.alpha_us.max(0.0) * 1e-6;
+        let beta = self.beta_gbps.max(1e-9) * 1e9;
+        let n = nranks as f64;
+        let b = bytes as f64;
+        match algo {
+            Algo::Ring => 2.0 * (n - 1.0) * alpha + 2.0 * (n - 1.0) / n * b / beta,
+            Algo::Tree => {
+                2.0 * tree_depth(nranks) as f64 * alpha + self.tree_bw_factor.max(0.0) * b / beta
+            }
+            Algo::Auto => {
+                self.predict(Algo::Ring, bytes, nranks)
+                    .min(self.predict(Algo::Tree, bytes, nranks))
+            }
+        }
+    }
+
+    /// The algorithm predicted to be faster; never [`Algo::Auto`]. Ties go to the ring, the
+    /// algorithm every collective supports.
+    pub fn choose(&self, bytes: usize, nranks: usize) -> Algo {
+        if self.predict(Algo::Tree, bytes, nranks) < self.predict(Algo::Ring, bytes, nranks) {
+            Algo::Tree
+        } else {
+            Algo::Ring
+        }
+    }
+
+    /// Largest message size for which the tree is chosen (0 if never), for reports.
+    pub fn crossover_bytes(&self, nranks: usize) -> usize {
+        let (mut lo, mut hi) = (0usize, 1usize << 40);
+        if self.choose(1, nranks) != Algo::Tree {
+            return 0;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.choose(mid, nranks) == Algo::Tree {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
+/// Repetitions of the calibration run: a couple of hundred milliseconds for eight local
+/// ranks. The large size is bandwidth-bound and large enough for both trees at the default
+/// segment size.
+const SMALL_REPS: usize = 7;
+const LARGE_BYTES: usize = 2 << 20;
+const LARGE_PAIRS: usize = 3;
+
+/// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`.
+fn time_one(
+    comm: &mut Communicator,
+    buf: &mut HostBuffer,
+    algo: Algo,
+    bytes: usize,
+) -> Result<f64, CommError> {
+    let t0 = Instant::now();
+    all_reduce_with(
+        comm,
+        Data::InPlace(&mut buf.as_mut_slice()[..bytes]),
+        bytes / 4,
+        DataType::Float32,
+        ReduceOp::Sum,
+        algo,
+        None,
+    )?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Measure the job's [`CostModel`]: small ring AllReduces for the hop latency (`2(n-1)` hops
+/// each; the size gives every ring chunk at least one element, so no step is skipped), then
+/// a larger size alternately over the ring (link bandwidth) and the tree (its bandwidth
+/// factor), so that load from elsewhere hits both alike. Medians throughout: one preempted
+/// repetition must not move the model.
+///
+/// A collective: every rank calls it at the same point, and every rank returns the identical
+/// model (built from the element-wise maximum of all ranks' measurements), so all choose the
+/// same algorithm for every call.
+pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
+    let n = comm.size();
+    // Zeroed input: sums stay 0, no denormals or infinities slow the float adds.
+    let mut buf = HostBuffer::new(LARGE_BYTES).ok_or(CommError::OutOfMemory {
+        rank: comm.rank(),
+        bytes: LARGE_BYTES,
+        what: "calibration buffer",
+    })?;
+    let small_bytes = (4 * n.max(256)).min(LARGE_BYTES);
+    let mut small = Vec::with_capacity(SMALL_REPS);
+    let (mut ring, mut tree) = (Vec::new(), Vec::new());
+    // Round 0 of each is untimed: it opens connections and grows buffers.
+    for i in 0..=SMALL_REPS {
+        let t = time_one(comm, &mut buf, Algo::Ring, small_bytes)?;
+        if i > 0 {
+            small.push(t);
+        }
+    }
+    for i in 0..=LARGE_PAIRS {
+        let r = time_one(comm, &mut buf, Algo::Ring, LARGE_BYTES)?;
+        let t = time_one(comm, &mut buf, Algo::Tree, LARGE_BYTES)?;
+        if i > 0 {
+            ring.push(r);
+            tree.push(t);
+        }
+    }
+    let mut v = [median(small), median(ring), median(tree)];
+    all_reduce_values(comm, &mut v, ReduceOp::Max)?;
+    Ok(model_from(n, v[0], v[1], v[2]))
+}
+
+/// Fit the model to a small and a large ring time and a large tree time (seconds) under the
+/// formulas of [`CostModel::predict`].
+fn model_from(n: usize, small: f64, ring: f64, tree: f64) -> CostModel {
+    if n <= 1 {
+        return CostModel::new(0.0, f64::INFINITY);
+    }
+    let steps = 2.0 * (n as f64 - 1.0);
+    let alpha = small / steps;
+    // The large runs pay the same latency; what remains is the bandwidth term. Floor it at a
+    // tenth of the measurement so noise cannot produce an absurd bandwidth.
+    let transfer = |t: f64, hops: f64| (t - hops * alpha).max(t * 0.1).max(1e-9);
+    let beta = steps / n as f64 * LARGE_BYTES as f64 / transfer(ring, steps);
+    let depth = 2.0 * tree_depth(n) as f64;
+    let factor = transfer(tree, depth) * beta / LARGE_BYTES as f64;
+    CostModel {
+        alpha_us: alpha * 1e6,
+        beta_gbps: beta / 1e9,
+        tree_bw_factor: factor.clamp(0.25, 16.0),
+    }
+}
+
+/// AllReduce with an explicit algorithm, or the model's choice for [`Algo::Auto`] (which then
+/// requires a model). Returns the algorithm that ran.
+pub fn all_reduce_with(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    algo: Algo,
+    model: Option<&CostModel>,
+) -> Result<Algo, CommError> {
+    let chosen = match (algo, model) {
+        (Algo::Auto, Some(m)) => m.choose(bytes_of(count, dtype)?, comm.size()),
+        (Algo::Auto, None) => {
+            return Err(CommError::Invalid(format!(
+                "rank {}: all_reduce: algorithm 'auto' needs a cost model (calibrate the communicator first)",
+                comm.rank()
+            )))
+        }
+        (a, _) => a,
+    };
+    match chosen {
+        Algo::Tree => tree_all_reduce(comm, data, count, dtype, op)?,
+        _ => all_reduce(comm, data, count, dtype, op)?,
+    }
+    Ok(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_case_insensitively() {
+        for a in Algo::ALL {
+            assert_eq!(a.name().parse::<Algo>().unwrap(), a);
+            assert_eq!(a.to_string().to_uppercase().parse::<Algo>().unwrap(), a);
+        }
+        assert_eq!("Ring".parse::<Algo>().unwrap(), Algo::Ring);
+        assert_eq!("Tree".parse::<Algo>().unwrap(), Algo::Tree);
+        let e = "collnet".parse::<Algo>().unwrap_err().to_string();
+        assert!(
+            e.contains("collnet") && e.contains("ring, tree, auto"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn model_prefers_tree_small_and_ring_large() {
+        let m = CostModel::new(20.0, 2.0);
+        assert_eq!(m.choose(8, 8), Algo::Tree);
+        assert_eq!(m.choose(256 << 20, 8), Algo::Ring);
+        assert_eq!(
+            m.choose(1 << 20, 1),
+            Algo::Ring,
+            "one rank: nothing to gain"
+        );
+        let x = m.crossover_bytes(8);
+        assert!(x > 0 && m.choose(x, 8) == Algo::Tree && m.choose(x + 1, 8) == Algo::Ring);
+        // Depth 3 against 7 ring steps: 8 alphas saved, 1/0.92·2 - 1.75 per byte lost.
+        let per_byte = (NCCL_TREE_BW_FACTOR - 1.75) / 2e9;
+        let want = 8.0 * 20e-6 / per_byte;
+        assert!((x as f64 - want).abs() < 2.0, "{x} vs {want}");
+        for a in [Algo::Ring, Algo::Tree] {
+            assert!(m.predict(a, 1 << 20, 8) < m.predict(a, 2 << 20, 8));
+        }
+        assert_eq!(m.predict(Algo::Auto, 8, 8), m.predict(Algo::Tree, 8, 8));
+    }
+
+    #[test]
+    fn model_fit_recovers_its_parameters() {
+        let truth = CostModel {
+            alpha_us: 15.0,
+            beta_gbps: 3.0,
+            tree_bw_factor: 1.9,
+        };
+        let small = truth.predict(Algo::Ring, 0, 8);
+        let ring = truth.predict(Algo::Ring, LARGE_BYTES, 8);
+        let tree = truth.predict(Algo::Tree, LARGE_BYTES, 8);
+        let m = model_from(8, small, ring, tree);
+        assert!((m.alpha_us - 15.0).abs() < 1e-9, "{m:?}");
+        assert!((m.beta_gbps - 3.0).abs() < 1e-9, "{m:?}");
+        assert!((m.tree_bw_factor - 1.9).abs() < 1e-9, "{m:?}");
+        // A tree as fast as the ring per byte wins at every size.
+        let fast = CostModel {
+            tree_bw_factor: 1.75,
+            ..truth
+        };
+        assert_eq!(fast.crossover_bytes(8), (1usize << 40) - 1);
+    }
+}

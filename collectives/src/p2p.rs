@@ -1,0 +1,420 @@
+//! Collectives made of grouped point-to-point transfers (NCCL's `ncclGroupStart` + sends and
+//! receives): AlltoAll, Scatter, Gather, SendRecv and the HyperCube AllGather.
+//!
+//! `exchange` posts a whole group at once and progresses every request together, so a rank
+//! never waits for one peer while another could make progress, and a group that pairs
+//! sends and receives in any order cannot deadlock.
+
+use crate::communicator::{Communicator, Readiness, Waiter};
+use crate::dtype::DataType;
+use crate::error::CommError;
+use crate::ring::{bytes_of, scratch, Data, Regs};
+use busbw_transports::{RecvComm, RequestId, SendComm};
+
+/// One transfer of a group. Pointers must stay valid until the group completes.
+#[derive(Clone, Copy)]
+pub(crate) enum Xfer {
+    Send {
+        peer: usize,
+        ptr: *const u8,
+        len: usize,
+    },
+    Recv {
+        peer: usize,
+        ptr: *mut u8,
+        len: usize,
+    },
+}
+
+enum Pending {
+    Send(usize, RequestId),
+    Recv(usize, RequestId, usize),
+}
+
+/// Run a group of transfers to completion. Transfers to the same peer in the same direction
+/// are delivered in the order given.
+///
+/// # Safety
+/// Every pointer is valid for its length and lies in one of `regions`; no two receives
+/// overlap and no send reads memory a receive writes.
+pub(crate) unsafe fn exchange(
+    comm: &mut Communicator,
+    xfers: &[Xfer],
+    regions: &[(*const u8, usize)],
+    channel: u32,
+    name: &'static str,
+) -> Result<(), CommError> {
+    let tag = comm.next_tag();
+    let r = comm.rank();
+    let regs = Regs::new(comm, regions)?;
+    let mut sends: Vec<(usize, Box<dyn SendComm>)> = Vec::new();
+    let mut recvs: Vec<(usize, Box<dyn RecvComm>)> = Vec::new();
+    let result = (|| -> Result<(), CommError> {
+        let err = |peer: usize, what: &'static str| {
+            move |cause| CommError::Transport {
+                rank: r,
+                peer: Some(peer),
+                during: format!("{name} (call {tag}): {what} rank {peer}"),
+                cause,
+            }
+        };
+        let mut pending = Vec::with_capacity(xfers.len());
+        for x in xfers {
+            match *x {
+                Xfer::Send { peer, ptr, len } => {
+                    let i = match sends.iter().position(|(p, _)| *p == peer) {
+                        Some(i) => i,
+                        None => {
+                            sends.push((peer, comm.take_send(peer, channel)?));
+                            sends.len() - 1
+                        }
+                    };
+                    let id = sends[i]
+                        .1
+                        .isend(regs.find(ptr, len), ptr, len, tag)
+                        .map_err(err(peer, "sending to"))?;
+                    pending.push(Pending::Send(i, id));
+                }
+                Xfer::Recv { peer, ptr, len } => {
+                    let i = match recvs.iter().position(|(p, _)| *p == peer) {
+                        Some(i) => i,
+                        None => {
+                            recvs.push((peer, comm.take_recv(peer, channel)?));
+                            recvs.len() - 1
+                        }
+                    };
+                    let id = recvs[i]
+                        .1
+                        .irecv(regs.find(ptr, len), ptr, len, tag)
+                        .map_err(err(peer, "receiving from"))?;
+                    pending.push(Pending::Recv(i, id, len));
+                }
+            }
+        }
+        let mut waiter = Waiter::new();
+        while !pending.is_empty() {
+            let before = pending.len();
+            let mut failure = None;
+            pending.retain(|p| {
+                if failure.is_some() {
+                    return true;
+                }
+                let done = match *p {
+                    Pending::Send(i, id) => sends[i].1.test(id).map_err(err(sends[i].0, "sending to")),
+                    Pending::Recv(i, id, len) => {
+                        let peer = recvs[i].0;
+                        match recvs[i].1.test(id).map_err(err(peer, "receiving from")) {
+                            Ok(Some(got)) if got != len => Err(CommError::Invalid(format!(
+                                "rank {r}: {name}: rank {peer} sent {got} bytes where {len} were expected (ranks disagree about the count)"
+                            ))),
+                            other => other,
+                        }
+                    }
+                };
+                match done {
+                    Ok(Some(_)) => false,
+                    Ok(None) => true,
+                    Err(e) => {
+                        failure = Some(e);
+                        true
+                    }
+                }
+            });
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if pending.len() < before {
+                waiter.progressed();
+                continue;
+            }
+            let mut fds: Vec<Option<Readiness>> = Vec::with_capacity(pending.len().min(16));
+            for p in pending.iter().take(16) {
+                fds.push(match *p {
+                    Pending::Send(i, _) => sends[i].1.readiness_fd().map(Readiness::Writable),
+                    Pending::Recv(i, _, _) => recvs[i].1.readiness_fd().map(Readiness::Readable),
+                });
+            }
+            let first = match pending.first() {
+                Some(Pending::Send(i, _)) => (sends[*i].0, "to take data"),
+                Some(Pending::Recv(i, _, _)) => (recvs[*i].0, "to send data"),
+                None => (r, ""),
+            };
+            waiter.idle(comm, &fds, || {
+                (
+                    first.0,
+                    format!(
+                        "waiting for rank {} {} ({name} call {tag}, {} transfers pending)",
+                        first.0,
+                        first.1,
+                        pending.len()
+                    ),
+                )
+            })?;
+        }
+        Ok(())
+    })();
+    for (p, c) in sends {
+        comm.put_send(p, channel, c);
+    }
+    for (p, c) in recvs {
+        comm.put_recv(p, channel, c);
+    }
+    regs.release(comm);
+    result
+}
+
+/// AlltoAll: block j of every rank's input (`count` elements each) goes to rank j, landing
+/// in block `rank` of rank j's output. In place, one buffer is both.
+pub fn alltoall(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    let block = bytes_of(count, dtype)?;
+    let total = block * n;
+    let b = data.bufs(r, "alltoall", total, total, dtype, (0, 0))?;
+    let mut src = b.src;
+    if std::ptr::eq(src, b.dst) && total > 0 {
+        // In place: send from a copy, since receives overwrite blocks not yet sent.
+        let copy = scratch::<u8>(comm, total)?;
+        // SAFETY: distinct allocations of `total` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, copy, total) };
+        src = copy;
+    }
+    // SAFETY: blocks are inside the checked buffers; receives target disjoint blocks.
+    unsafe {
+        if block > 0 {
+            std::ptr::copy_nonoverlapping(src.add(r * block), b.dst.add(r * block), block);
+        }
+        let mut xfers = Vec::with_capacity(2 * n);
+        // Pair step i: send to r+i, receive from r-i, so that every rank starts with a
+        // different peer instead of all hitting rank 0 first.
+        for i in 1..n {
+            let to = (r + i) % n;
+            let from = (r + n - i) % n;
+            xfers.push(Xfer::Send {
+                peer: to,
+                ptr: src.add(to * block),
+                len: block,
+            });
+            xfers.push(Xfer::Recv {
+                peer: from,
+                ptr: b.dst.add(from * block),
+                len: block,
+            });
+        }
+        exchange(
+            comm,
+            &xfers,
+            &[(src, total), (b.dst as *const u8, total)],
+            0,
+            "alltoall",
+        )
+    }
+}
+
+/// Scatter: block j of `root`'s input (`count` elements each) goes to rank j. In place, the
+/// buffer is the input and rank r's output is its block r.
+pub fn scatter(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    if root >= n {
+        return Err(CommError::Invalid(format!(
+            "scatter: root {root} is not a rank of {n}"
+        )));
+    }
+    let block = bytes_of(count, dtype)?;
+    // Only the root reads a full input; the others need room for their block only.
+    let send_bytes = if r == root { block * n } else { 0 };
+    let b = data.bufs(r, "scatter", send_bytes, block, dtype, (0, r * block))?;
+    let mut xfers = Vec::new();
+    // SAFETY: blocks are inside the checked buffers.
+    unsafe {
+        if r == root {
+            if block > 0 && !std::ptr::eq(b.src.add(r * block), b.dst) {
+                std::ptr::copy_nonoverlapping(b.src.add(r * block), b.dst, block);
+            }
+            for i in 1..n {
+                let to = (r + i) % n;
+                xfers.push(Xfer::Send {
+                    peer: to,
+                    ptr: b.src.add(to * block),
+                    len: block,
+                });
+            }
+        } else {
+            xfers.push(Xfer::Recv {
+                peer: root,
+                ptr: b.dst,
+                len: block,
+            });
+        }
+        exchange(
+            comm,
+            &xfers,
+            &[(b.src, send_bytes), (b.dst as *const u8, block)],
+            0,
+            "scatter",
+        )
+    }
+}
+
+/// Gather: every rank's `count` elements land in block `rank` of `root`'s output. In place,
+/// the buffer is the output and rank r's input is its block r.
+pub fn gather(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    if root >= n {
+        return Err(CommError::Invalid(format!(
+            "gather: root {root} is not a rank of {n}"
+        )));
+    }
+    let block = bytes_of(count, dtype)?;
+    let recv_bytes = if r == root { block * n } else { 0 };
+    let b = data.bufs(r, "gather", block, recv_bytes, dtype, (r * block, 0))?;
+    let mut xfers = Vec::new();
+    // SAFETY: blocks are inside the checked buffers; receives target disjoint blocks.
+    unsafe {
+        if r == root {
+            if block > 0 && !std::ptr::eq(b.src, b.dst.add(r * block)) {
+                std::ptr::copy_nonoverlapping(b.src, b.dst.add(r * block), block);
+            }
+            for i in 1..n {
+                let from = (r + i) % n;
+                xfers.push(Xfer::Recv {
+                    peer: from,
+                    ptr: b.dst.add(from * block),
+                    len: block,
+                });
+            }
+        } else {
+            xfers.push(Xfer::Send {
+                peer: root,
+                ptr: b.src,
+                len: block,
+            });
+        }
+        exchange(
+            comm,
+            &xfers,
+            &[(b.src, block), (b.dst as *const u8, recv_bytes)],
+            0,
+            "gather",
+        )
+    }
+}
+
+/// SendRecv: send `count` elements to rank+1 and receive as many from rank-1 (a ring shift).
+pub fn sendrecv(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    let bytes = bytes_of(count, dtype)?;
+    let b = data.bufs(r, "sendrecv", bytes, bytes, dtype, (0, 0))?;
+    let mut src = b.src;
+    if std::ptr::eq(src, b.dst) && bytes > 0 && n > 1 {
+        let copy = scratch::<u8>(comm, bytes)?;
+        // SAFETY: distinct allocations of `bytes` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, copy, bytes) };
+        src = copy;
+    }
+    if n == 1 {
+        comm.next_tag();
+        if !std::ptr::eq(src, b.dst) && bytes > 0 {
+            // SAFETY: distinct checked buffers.
+            unsafe { std::ptr::copy_nonoverlapping(src, b.dst, bytes) };
+        }
+        return Ok(());
+    }
+    let xfers = [
+        Xfer::Send {
+            peer: (r + 1) % n,
+            ptr: src,
+            len: bytes,
+        },
+        Xfer::Recv {
+            peer: (r + n - 1) % n,
+            ptr: b.dst,
+            len: bytes,
+        },
+    ];
+    // SAFETY: checked buffers (the send reads a copy when in place).
+    unsafe {
+        exchange(
+            comm,
+            &xfers,
+            &[(src, bytes), (b.dst as *const u8, bytes)],
+            0,
+            "sendrecv",
+        )
+    }
+}
+
+/// HyperCube AllGather (recursive doubling): in round i each rank swaps everything it has
+/// gathered so far with rank `r ^ 2^i`. Needs a power-of-two rank count.
+pub fn hypercube(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    if !n.is_power_of_two() {
+        return Err(CommError::Invalid(format!(
+            "hypercube needs a power-of-two number of ranks, not {n}"
+        )));
+    }
+    let block = bytes_of(count, dtype)?;
+    let b = data.bufs(r, "hypercube", block, block * n, dtype, (r * block, 0))?;
+    // SAFETY: blocks are inside the checked buffers; each round sends and receives disjoint
+    // halves of the output.
+    unsafe {
+        if block > 0 && !std::ptr::eq(b.src, b.dst.add(r * block)) {
+            std::ptr::copy_nonoverlapping(b.src, b.dst.add(r * block), block);
+        }
+        let mut mask = 1;
+        while mask < n {
+            let have = r & !(mask - 1);
+            let get = have ^ mask;
+            let xfers = [
+                Xfer::Send {
+                    peer: r ^ mask,
+                    ptr: b.dst.add(have * block),
+                    len: block * mask,
+                },
+                Xfer::Recv {
+                    peer: r ^ mask,
+                    ptr: b.dst.add(get * block),
+                    len: block * mask,
+                },
+            ];
+            exchange(
+                comm,
+                &xfers,
+                &[(b.dst as *const u8, block * n)],
+                0,
+                "hypercube",
+            )?;
+            mask <<= 1;
+        }
+        if n == 1 {
+            comm.next_tag();
+        }
+    }
+    Ok(())
+}
