@@ -4,6 +4,7 @@
 use crate::sizes::parse_size;
 use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
+use busbw_launchers::Launcher;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -148,6 +149,10 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     })
 }
 
+fn parse_launcher(s: &str) -> Result<Launcher, String> {
+    s.parse::<Launcher>().map_err(|e| e.to_string())
+}
+
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
@@ -212,6 +217,38 @@ pub struct PerfArgs {
     /// cost model calibrated at start; adds an `algo` column to the table).
     #[arg(long = "algo", env = "NCCL_ALGO", default_value = "ring", value_parser = parse_algo)]
     pub algo: Algo,
+    /// How this process finds its job: auto (detect from the environment; see README "Run on
+    /// a cluster"), local, env (torchrun variables), volcano, mpi, slurm or k8s.
+    #[arg(long = "launcher", env = "BUSBW_LAUNCHER", default_value = "auto", value_parser = parse_launcher)]
+    pub launcher: Launcher,
+    /// Ranks this process (pod) starts, torchrun style: a job of P pods has P × G ranks.
+    #[arg(
+        long = "nproc-per-node",
+        env = "BUSBW_NPROC_PER_NODE",
+        default_value_t = 1
+    )]
+    pub nproc_per_node: usize,
+    /// Rendezvous store port when the environment gives none (MASTER_PORT wins) [default: 29500].
+    #[arg(long = "port", env = "BUSBW_PORT")]
+    pub port: Option<u16>,
+    /// Rank 0's host, for launchers that do not say (mpirun) or to override them.
+    #[arg(long = "master-addr")]
+    pub master_addr: Option<String>,
+    /// Indexed Job / JobSet: host name of pod `{index}`, e.g. 'myjob-{index}.myjob'.
+    #[arg(long = "host-pattern", env = "BUSBW_HOST_PATTERN")]
+    pub host_pattern: Option<String>,
+    /// Indexed Job / JobSet: number of pods.
+    #[arg(long = "world-size", env = "BUSBW_WORLD_SIZE")]
+    pub world_size: Option<usize>,
+    /// Shared secret that every store and data connection must present.
+    #[arg(long = "job-token", env = "BUSBW_JOB_TOKEN", hide_env_values = true)]
+    pub job_token: Option<String>,
+    /// Interfaces for data connections, NCCL_SOCKET_IFNAME syntax (eth0, ^docker,lo, =ens5).
+    #[arg(long = "socket-ifname", env = "NCCL_SOCKET_IFNAME")]
+    pub socket_ifname: Option<String>,
+    /// Say what the launcher detection found (stderr).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
     /// Spawn this many local ranks on 127.0.0.1 (1: run in this process).
     #[arg(long = "np", default_value_t = 1)]
     pub np: usize,

@@ -5,12 +5,12 @@ use crate::cli::PerfArgs;
 use crate::exit;
 use crate::harness;
 use crate::plan::Plan;
-use crate::session::{join_rendezvous, Session};
+use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
 use anyhow::Result;
 use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
-use busbw_launchers::{local, LocalLaunch, StoreError, World};
+use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
 use busbw_reports::{Footer, RunHeader, Sink, TextTable};
 
 /// The nccl-tests release whose output format and semantics we reproduce.
@@ -24,37 +24,88 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
             return exit::USAGE;
         }
     };
-    let world = match World::from_env() {
-        Ok(w) => w,
+    if args.nproc_per_node == 0 {
+        eprintln!("busbw: error: --nproc-per-node 0: each process must start at least one rank");
+        return exit::USAGE;
+    }
+    let opts = DetectOptions {
+        launcher: args.launcher,
+        port: args.port,
+        master_addr: args.master_addr.clone(),
+        host_pattern: args.host_pattern.clone(),
+        world_size: args.world_size,
+        ..DetectOptions::default()
+    };
+    let detection = match detect_from_env(&opts) {
+        Ok(d) => d,
         Err(e) => {
             eprintln!("busbw: error: {e}");
             return exit::USAGE;
         }
     };
-    match world {
-        Some(w) => {
-            if args.np != 1 && args.np != w.size {
-                eprintln!(
-                    "busbw: error: --np {} but the launcher's environment says WORLD_SIZE={}; \
-                     drop --np when running under a launcher",
-                    args.np, w.size
-                );
-                return exit::USAGE;
-            }
-            run_rank(w, &plan)
+    let token = args.job_token.as_deref();
+    let Some(d) = detection else {
+        if args.verbose > 0 {
+            eprintln!(
+                "busbw: no launcher environment found: running {} local rank(s)",
+                args.np
+            );
         }
-        None if args.np == 1 => run_rank(World::single(), &plan),
-        None => launch_local(args.np, &plan),
+        return match (args.np, args.nproc_per_node) {
+            (1, 1) => run_rank(World::single(), &plan, args),
+            (1, g) | (g, 1) => launch_local(g, &plan, token),
+            (np, g) => {
+                eprintln!("busbw: error: --np {np} and --nproc-per-node {g}: give one of them");
+                exit::USAGE
+            }
+        };
+    };
+    if args.verbose > 0 && !d.launched {
+        eprintln!(
+            "busbw: launcher {}: rank {} of {} (local {} of {}), rendezvous at {}:{}",
+            d.source.name(),
+            d.world.rank,
+            d.world.size,
+            d.world.local_rank,
+            d.world.local_size,
+            d.world.master_addr,
+            d.world.master_port
+        );
+        for n in &d.notes {
+            eprintln!("busbw:   {n}");
+        }
     }
+    if d.launched {
+        return run_rank(d.world, &plan, args);
+    }
+    if args.np != 1 {
+        eprintln!(
+            "busbw: error: --np {} spawns a local job, but the {} launcher already describes one \
+             (rank {} of {}); use --nproc-per-node for several ranks per process, or --launcher local",
+            args.np,
+            d.source.name(),
+            d.world.rank,
+            d.world.size
+        );
+        return exit::USAGE;
+    }
+    if args.nproc_per_node > 1 {
+        return launch_pod(&d.world, args.nproc_per_node, &plan, token);
+    }
+    run_rank(d.world, &plan, args)
 }
 
-fn launch_local(np: usize, plan: &Plan) -> i32 {
-    let exe = match std::env::current_exe() {
+fn own_exe() -> Result<std::path::PathBuf, i32> {
+    std::env::current_exe().map_err(|e| {
+        eprintln!("busbw: error: cannot find my own executable to spawn ranks: {e}");
+        exit::INTERNAL
+    })
+}
+
+fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
+    let exe = match own_exe() {
         Ok(e) => e,
-        Err(e) => {
-            eprintln!("busbw: error: cannot find my own executable to spawn ranks: {e}");
-            return exit::INTERNAL;
-        }
+        Err(code) => return code,
     };
     let launch = LocalLaunch {
         np,
@@ -63,11 +114,35 @@ fn launch_local(np: usize, plan: &Plan) -> i32 {
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
     };
-    match local::run(&launch) {
+    match local::run_with_token(&launch, token) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("busbw: error: {e}");
             exit::INTERNAL
+        }
+    }
+}
+
+/// `--nproc-per-node G` under a cluster launcher: this pod's G ranks.
+fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
+    let exe = match own_exe() {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match local::run_pod(
+        pod,
+        g,
+        &exe,
+        &args,
+        plan.timeout,
+        &[exit::WRONG_RESULTS],
+        token,
+    ) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("busbw: error: {e}");
+            exit::USAGE
         }
     }
 }
@@ -86,11 +161,74 @@ pub fn classify(e: &anyhow::Error) -> i32 {
         if let Some(s) = cause.downcast_ref::<StoreError>() {
             return match s {
                 StoreError::Timeout { .. } => exit::TIMEOUT,
+                // The fix is a setting (another --port, the right --job-token).
+                StoreError::PortInUse { .. } | StoreError::WrongToken { .. } => exit::USAGE,
                 _ => exit::PEER_FAILURE,
             };
         }
     }
     exit::INTERNAL
+}
+
+/// How long timed-out ranks wait for each other's reports before naming the silent ones.
+const DIAGNOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// After a timeout, find the ranks that actually stopped. Every rank that timed out reports
+/// the peer it waited for; a rank that is waited on but reports nothing itself is dead or hung
+/// (a node that vanished, a SIGSTOPped process): that is the culprit, however long the chain of
+/// ranks stuck behind it. Without this, each rank would only name its own neighbour.
+fn diagnose_hang(session: &Session, e: &anyhow::Error) -> Option<String> {
+    let store = &session.rdv.as_ref()?.store;
+    let rank = session.comm.rank();
+    let peer = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<CommError>())
+        .and_then(CommError::peer)?;
+    store
+        .set(&format!("stuck/{rank}"), peer.to_string().as_bytes())
+        .ok()?;
+    std::thread::sleep(DIAGNOSE_WINDOW);
+    let n = session.comm.size();
+    let mut reported = vec![false; n];
+    let mut waited_on: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (r, rep) in reported.iter_mut().enumerate() {
+        if let Ok(Some(v)) = store.get(&format!("stuck/{r}")) {
+            *rep = true;
+            if let Some(p) = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|t| t.parse::<usize>().ok())
+            {
+                if p < n {
+                    waited_on[p].push(r);
+                }
+            }
+        }
+    }
+    let silent: Vec<String> = (0..n)
+        .filter(|&p| !reported[p] && !waited_on[p].is_empty())
+        .map(|p| {
+            let host = store
+                .get(&format!("info/{p}"))
+                .ok()
+                .flatten()
+                .and_then(|v| {
+                    String::from_utf8_lossy(&v)
+                        .split('\t')
+                        .next()
+                        .map(String::from)
+                })
+                .unwrap_or_else(|| "?".into());
+            let by: Vec<String> = waited_on[p].iter().map(|r| r.to_string()).collect();
+            format!("rank {p} on {host} (waited on by rank {})", by.join(", "))
+        })
+        .collect();
+    if silent.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "stopped responding: {} (it reported nothing while its peers timed out)",
+        silent.join("; ")
+    ))
 }
 
 /// How long a rank that saw a peer fail waits for the job to name the root cause.
@@ -105,13 +243,17 @@ fn is_abort(e: &anyhow::Error) -> bool {
     })
 }
 
-fn run_rank(world: World, plan: &Plan) -> i32 {
+fn run_rank(world: World, plan: &Plan, args: &PerfArgs) -> i32 {
     let rank = world.rank;
     let host = world.hostname.clone();
     let session = if world.size == 1 && world.master_addr.is_empty() {
         Session::single(world, plan)
     } else {
-        join_rendezvous(&world, plan).and_then(|rdv| Session::join(world, rdv, plan))
+        let opts = JoinOptions {
+            token: args.job_token.clone(),
+            socket_ifname: args.socket_ifname.clone(),
+        };
+        join_rendezvous(&world, plan, &opts).and_then(|rdv| Session::join(world, rdv, plan, &opts))
     };
     let mut session = match session {
         Ok(s) => s,
@@ -126,7 +268,17 @@ fn run_rank(world: World, plan: &Plan) -> i32 {
             let code = classify(&e);
             let echo = is_abort(&e);
             let mut msg = format!("{e:#}");
-            if !echo && code != exit::INTERNAL && session.rdv.is_some() {
+            let mut diagnosed = false;
+            if code == exit::TIMEOUT {
+                if let Some(who) = diagnose_hang(&session, &e) {
+                    diagnosed = true;
+                    msg = format!("{msg}\n  {who}");
+                    if let Some(r) = &session.rdv {
+                        let _ = r.post_abort(&format!("rank {rank} on {host} timed out: {who}"));
+                    }
+                }
+            }
+            if !echo && !diagnosed && code != exit::INTERNAL && session.rdv.is_some() {
                 // A dead peer is usually seen first on the data path ("rank 3 closed the
                 // connection") although the root cause is elsewhere (rank 3 only left because
                 // rank 2 died). Give the control plane a moment to deliver the job's own

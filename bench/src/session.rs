@@ -4,7 +4,9 @@
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
-use busbw_launchers::{rendezvous, Rendezvous, World};
+use busbw_launchers::{
+    never_registered, rendezvous_with, token_digest, Rendezvous, StoreError, World,
+};
 use busbw_reports::DeviceInfo;
 use busbw_transports::inproc::InprocTransport;
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
@@ -42,9 +44,23 @@ fn device_info(
     }
 }
 
-/// The address peers should use to reach this host: loopback when the job is local, else
-/// the address of the interface that routes to the store host (no packet is sent).
-fn local_address(world: &World) -> Result<(IpAddr, Option<IpAddr>)> {
+/// Cluster options of a rank.
+#[derive(Clone, Debug, Default)]
+pub struct JoinOptions {
+    /// `--job-token`: required of every store and data connection.
+    pub token: Option<String>,
+    /// `--socket-ifname` / `NCCL_SOCKET_IFNAME`.
+    pub socket_ifname: Option<String>,
+}
+
+/// The address peers should use to reach this host: the interface `--socket-ifname` names;
+/// else loopback when the job is local; else the address of the interface that routes to the
+/// store host (no packet is sent).
+fn local_address(world: &World, ifname: Option<&str>) -> Result<(IpAddr, Option<IpAddr>)> {
+    if let Some(spec) = ifname {
+        let i = busbw_transports::iface::select(spec).map_err(anyhow::Error::msg)?;
+        return Ok((i.addr, None));
+    }
     let target = format!("{}:{}", world.master_addr, world.master_port.max(1));
     let addrs: Vec<_> = target
         .to_socket_addrs()
@@ -103,8 +119,8 @@ impl Session {
 
     /// Join a multi-rank job. `rdv` is created by the caller so that it can post an abort
     /// if anything here fails.
-    pub fn join(world: World, rdv: Rendezvous, plan: &Plan) -> Result<Session> {
-        match Self::join_inner(&world, &rdv, plan) {
+    pub fn join(world: World, rdv: Rendezvous, plan: &Plan, opts: &JoinOptions) -> Result<Session> {
+        match Self::join_inner(&world, &rdv, plan, opts) {
             Ok((comm, devices, abort)) => Ok(Session {
                 comm,
                 rdv: Some(rdv),
@@ -126,6 +142,7 @@ impl Session {
         world: &World,
         rdv: &Rendezvous,
         plan: &Plan,
+        opts: &JoinOptions,
     ) -> Result<(Communicator, Vec<DeviceInfo>, Abort)> {
         let store = &rdv.store;
         let (rank, size, timeout) = (world.rank, world.size, plan.timeout);
@@ -140,9 +157,10 @@ impl Session {
         if rank == 0 {
             store.set("job", job_token().to_string().as_bytes())?;
         }
-        let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?;
+        let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?
+            ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
 
-        let (bind, advertise) = local_address(world)?;
+        let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
         let transport = TcpTransport::new(
             Identity {
                 job,
@@ -170,6 +188,7 @@ impl Session {
                 &plan_keys.iter().map(String::as_str).collect::<Vec<_>>(),
                 timeout,
             )
+            .map_err(|e| name_missing(e, "plan"))
             .context("waiting for every rank to publish its configuration")?;
         let mine = plan.fingerprint();
         let differ: Vec<usize> = plans
@@ -191,6 +210,7 @@ impl Session {
                 &handle_keys.iter().map(String::as_str).collect::<Vec<_>>(),
                 timeout,
             )
+            .map_err(|e| name_missing(e, "handle"))
             .context("waiting for every rank's connection handle")?
             .into_iter()
             .map(Handle)
@@ -254,9 +274,20 @@ fn node_map<'a>(hosts: impl Iterator<Item = &'a str>) -> Vec<usize> {
         .collect()
 }
 
+/// A store timeout on per-rank keys becomes "rank 5 never registered".
+fn name_missing(e: StoreError, prefix: &str) -> anyhow::Error {
+    match &e {
+        StoreError::Timeout { missing, .. } => match never_registered(missing, prefix) {
+            Some(who) => anyhow::Error::new(e).context(who),
+            None => e.into(),
+        },
+        _ => e.into(),
+    }
+}
+
 /// Join a multi-rank job's rendezvous.
-pub fn join_rendezvous(world: &World, plan: &Plan) -> Result<Rendezvous> {
-    rendezvous(world, plan.timeout).with_context(|| {
+pub fn join_rendezvous(world: &World, plan: &Plan, opts: &JoinOptions) -> Result<Rendezvous> {
+    rendezvous_with(world, plan.timeout, opts.token.as_deref()).with_context(|| {
         format!(
             "joining the rendezvous store served by rank 0 at {}:{}",
             world.master_addr, world.master_port

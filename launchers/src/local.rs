@@ -1,17 +1,25 @@
-//! `--np N`: run N ranks of a program on this host, wired to each other through loopback.
+//! Starting ranks on this host: `--np N` (a whole job on loopback) and `--nproc-per-node G`
+//! (this pod's share of a job that spans hosts).
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::rendezvous::{ABORT_KEY, STORE_FD_ENV};
 use crate::store::{Store, TcpStoreClient};
+use crate::token::JOB_TOKEN_ENV;
+use crate::world::{expand, World};
+
+/// Set to 1 in every rank a busbw launcher starts. Those ranks already carry the expanded
+/// torchrun variables; the cluster variables they inherit (Slurm's, MPI's, Volcano's) describe
+/// their parent, so detection must not read them and the rank must not spawn ranks again.
+pub const LAUNCHED_ENV: &str = "BUSBW_LAUNCHED";
 
 /// How often the launcher checks on its children. Rank exits are rare events; 20 ms keeps
 /// the reaction prompt without a measurable cost on a benchmark host.
@@ -41,6 +49,13 @@ pub struct LocalLaunch {
 pub enum LaunchError {
     #[error("the number of ranks (--np) must be at least 1")]
     NoRanks,
+    #[error("the number of processes per node (--nproc-per-node) must be at least 1")]
+    NoLocalRanks,
+    #[error(
+        "this pod is rank {rank} of {size} but has no rank-0 address: a job of several pods \
+         needs MASTER_ADDR (or --master-addr)"
+    )]
+    NoMaster { rank: usize, size: usize },
     #[error("cannot start rank {rank} as {exe}: {source}")]
     Spawn {
         rank: usize,
@@ -60,41 +75,141 @@ struct RankProc {
     killed: bool,
 }
 
-/// Run `l.np` ranks and return the job's exit code: 0 if every rank succeeded, else the worst
-/// rank's code (death by signal N counting as 128+N, as shells report it). Ranks the launcher
-/// itself killed after the grace period do not count: their death is a consequence of the
-/// failure already being reported.
+/// Run `l.np` ranks of a job without a token; see [`run_with_token`].
+pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
+    run_with_token(l, None)
+}
+
+/// Run `l.np` ranks on loopback and return the job's exit code: 0 if every rank succeeded,
+/// else the worst rank's code (death by signal N counting as 128+N, as shells report it).
+/// Ranks the launcher itself killed after the grace period do not count: their death is a
+/// consequence of the failure already being reported.
 ///
 /// The launcher binds the store's port before any rank starts and hands the listening socket
 /// to rank 0, so the port cannot be taken in between and early clients queue in the kernel
-/// rather than being refused.
-pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
+/// rather than being refused. With a `token`, the ranks get it in `BUSBW_JOB_TOKEN` and the
+/// launcher presents it when it posts a failure to the store.
+pub fn run_with_token(l: &LocalLaunch, token: Option<&str>) -> Result<i32, LaunchError> {
     if l.np == 0 {
         return Err(LaunchError::NoRanks);
     }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    let port = listener.local_addr()?.port();
-    let mut listener = Some(listener);
+    // One "pod" (this host) running all np ranks.
+    let host = loopback_pod(listener.local_addr()?.port());
+    let ranks = (0..l.np).map(|i| expand(&host, l.np, i)).collect();
+    supervise(
+        ranks,
+        Some(listener),
+        &l.exe,
+        &l.args,
+        l.grace,
+        &l.outcome_codes,
+        token,
+    )
+}
+
+/// `--nproc-per-node g`: run this pod's `g` ranks of a job whose pods `pod` describes (one
+/// entry per pod, as a cluster launcher sees it) and return the worst exit code, like
+/// [`run`].
+///
+/// Each child gets the torchrun variables of [`expand`]`(pod, g, i)`, `BUSBW_LAUNCHED=1` and,
+/// with a `token`, `BUSBW_JOB_TOKEN`. No socket is handed down: the child that is global
+/// rank 0 binds `MASTER_PORT` itself, because the other pods reach it by address, not through
+/// this launcher. A pod with no rank-0 address (a one-pod job run without one) is served on
+/// loopback like [`run`].
+///
+/// When a child fails, the launcher posts the failure to the job's store (unless the child
+/// was rank 0, which serves it), so ranks on other pods stop too, and kills its own other
+/// children after `grace`.
+pub fn run_pod(
+    pod: &World,
+    g: usize,
+    exe: &Path,
+    args: &[OsString],
+    grace: Duration,
+    outcome_codes: &[i32],
+    token: Option<&str>,
+) -> Result<i32, LaunchError> {
+    if g == 0 {
+        return Err(LaunchError::NoLocalRanks);
+    }
+    if pod.store_addr().is_some() {
+        let ranks = (0..g).map(|i| expand(pod, g, i)).collect();
+        return supervise(ranks, None, exe, args, grace, outcome_codes, token);
+    }
+    if pod.size != 1 {
+        return Err(LaunchError::NoMaster {
+            rank: pod.rank,
+            size: pod.size,
+        });
+    }
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let mut one = loopback_pod(listener.local_addr()?.port());
+    one.hostname.clone_from(&pod.hostname);
+    let ranks = (0..g).map(|i| expand(&one, g, i)).collect();
+    supervise(
+        ranks,
+        Some(listener),
+        exe,
+        args,
+        grace,
+        outcome_codes,
+        token,
+    )
+}
+
+/// A job of one pod whose store is on loopback, to be expanded into its processes.
+fn loopback_pod(port: u16) -> World {
+    let mut w = World::single();
+    w.master_addr = Ipv4Addr::LOCALHOST.to_string();
+    w.master_port = port;
+    w
+}
+
+/// Start one child per entry of `ranks`, relay their output, and reap them. `listener`, if
+/// any, goes to the child that is global rank 0.
+fn supervise(
+    ranks: Vec<World>,
+    listener: Option<TcpListener>,
+    exe: &Path,
+    args: &[OsString],
+    grace: Duration,
+    outcome_codes: &[i32],
+    token: Option<&str>,
+) -> Result<i32, LaunchError> {
+    let token = token.filter(|t| !t.is_empty());
+    let store_addr = ranks.first().and_then(World::store_addr);
+    let mut listener = listener;
     let (relay_done, relays_finished) = mpsc::channel::<()>();
     let mut relays = 0usize;
-    let mut procs: Vec<RankProc> = Vec::with_capacity(l.np);
+    let mut procs: Vec<RankProc> = Vec::with_capacity(ranks.len());
 
-    for rank in 0..l.np {
-        let mut cmd = Command::new(&l.exe);
-        cmd.args(&l.args)
+    for w in &ranks {
+        let rank = w.rank;
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
             .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", l.np.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", l.np.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
+            .env("WORLD_SIZE", w.size.to_string())
+            .env("LOCAL_RANK", w.local_rank.to_string())
+            .env("LOCAL_WORLD_SIZE", w.local_size.to_string())
+            .env("MASTER_ADDR", &w.master_addr)
+            .env("MASTER_PORT", w.master_port.to_string())
+            .env(LAUNCHED_ENV, "1")
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
+        if let Some(t) = token {
+            cmd.env(JOB_TOKEN_ENV, t);
+        }
+        // The table comes from rank 0 alone; every other stream is prefixed onto stderr.
+        if rank == 0 {
+            cmd.stdout(Stdio::inherit());
+        } else {
+            cmd.stdout(Stdio::piped());
+        }
         match listener.as_ref().filter(|_| rank == 0) {
             Some(sock) => {
                 let fd = sock.as_raw_fd();
-                cmd.stdout(Stdio::inherit())
-                    .env(STORE_FD_ENV, fd.to_string());
+                cmd.env(STORE_FD_ENV, fd.to_string());
                 // Clear close-on-exec in the child only, between fork and exec: no other
                 // process this launcher (or a thread of its host) spawns can inherit it.
                 // SAFETY: fcntl is async-signal-safe and touches only the child's descriptor.
@@ -111,7 +226,7 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
                 }
             }
             None => {
-                cmd.stdout(Stdio::piped()).env_remove(STORE_FD_ENV);
+                cmd.env_remove(STORE_FD_ENV);
             }
         }
         let mut child = match cmd.spawn() {
@@ -123,7 +238,7 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
                 }
                 return Err(LaunchError::Spawn {
                     rank,
-                    exe: l.exe.display().to_string(),
+                    exe: exe.display().to_string(),
                     source,
                 });
             }
@@ -158,7 +273,7 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
                 continue;
             };
             p.status = Some(status);
-            if status.success() || status.code().is_some_and(|c| l.outcome_codes.contains(&c)) {
+            if status.success() || status.code().is_some_and(|c| outcome_codes.contains(&c)) {
                 continue;
             }
             let what = describe(p.rank, p.pid, status);
@@ -168,13 +283,14 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
                 // and the others notice the lost store by themselves.
                 // Posting runs beside the grace clock: a rank 0 that is alive but not serving
                 // must not stall the launcher.
-                if p.rank != 0 {
+                if let Some(addr) = store_addr.clone().filter(|_| p.rank != 0) {
                     let what = what.clone();
+                    let token = token.map(str::to_string);
                     let _ = std::thread::Builder::new()
                         .name("busbw-post-abort".into())
-                        .spawn(move || post_abort(port, &what));
+                        .spawn(move || post_abort(&addr, token.as_deref(), &what));
                 }
-                kill_at = Some((Instant::now() + l.grace, p.rank));
+                kill_at = Some((Instant::now() + grace, p.rank));
             }
         }
         let alive: Vec<usize> = (0..procs.len())
@@ -189,7 +305,7 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
                 eprintln!(
                     "busbw: killing rank(s) {} still running {:.1}s after rank {culprit} failed",
                     names.join(", "),
-                    l.grace.as_secs_f64()
+                    grace.as_secs_f64()
                 );
                 for &i in &alive {
                     let p = &mut procs[i];
@@ -221,15 +337,15 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
 
 /// Deliver the failure to the surviving ranks through the store. Best effort: if it cannot be
 /// delivered, the grace-period kill still ends the job.
-fn post_abort(port: u16, what: &str) {
-    let addr = format!("127.0.0.1:{port}");
-    let result = TcpStoreClient::connect(&addr, ABORT_POST_TIMEOUT).and_then(|c| {
-        // A rank that failed on its own usually posted a better reason already.
-        if c.get(ABORT_KEY)?.is_none() {
-            c.set(ABORT_KEY, what.as_bytes())?;
-        }
-        Ok(())
-    });
+fn post_abort(addr: &str, token: Option<&str>, what: &str) {
+    let result =
+        TcpStoreClient::connect_with_token(addr, ABORT_POST_TIMEOUT, token).and_then(|c| {
+            // A rank that failed on its own usually posted a better reason already.
+            if c.get(ABORT_KEY)?.is_none() {
+                c.set(ABORT_KEY, what.as_bytes())?;
+            }
+            Ok(())
+        });
     if let Err(e) = result {
         eprintln!("busbw: could not tell the other ranks to stop: {e}");
     }

@@ -34,6 +34,8 @@ pub struct Rendezvous {
     size: usize,
     /// `host:port` of the TCP store, `None` for an in-process one.
     addr: Option<String>,
+    /// Presented again by the abort watcher's own connection.
+    token: Option<String>,
     timeout: Duration,
     /// Set before this rank checks out, so a watcher that then loses the store knows the loss
     /// is the normal end of the job and not rank 0 dying.
@@ -47,7 +49,14 @@ struct Watcher {
     client: Option<Arc<TcpStoreClient>>,
 }
 
-/// Join the job described by `world`.
+/// Join the job described by `world`, which has no job token. See [`rendezvous_with`].
+pub fn rendezvous(world: &World, timeout: Duration) -> Result<Rendezvous, StoreError> {
+    rendezvous_with(world, timeout, None)
+}
+
+/// Join the job described by `world`; with a `token`, only connections presenting the same
+/// token reach the store (see [`crate::token`]), so a rank of another job that was given the
+/// same port is turned away instead of being counted as one of ours.
 ///
 /// Rank 0 serves the store (on the socket inherited through `BUSBW_STORE_FD` if the local
 /// launcher passed one, else on `MASTER_PORT` on all interfaces) and then, like every other
@@ -56,7 +65,11 @@ struct Watcher {
 /// wait for rank 0 to come up and is reused by [`Rendezvous::finish`].
 ///
 /// Call at most once per process: rank 0 takes ownership of the inherited descriptor.
-pub fn rendezvous(world: &World, timeout: Duration) -> Result<Rendezvous, StoreError> {
+pub fn rendezvous_with(
+    world: &World,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Result<Rendezvous, StoreError> {
     let listener = match world.store_addr() {
         Some(_) if world.rank == 0 => Some(match std::env::var(STORE_FD_ENV) {
             Ok(fd) => listener_from_fd(&fd, world.master_port)?,
@@ -64,20 +77,21 @@ pub fn rendezvous(world: &World, timeout: Duration) -> Result<Rendezvous, StoreE
         }),
         _ => None,
     };
-    rendezvous_with(world, timeout, listener)
+    join(world, timeout, listener, token)
 }
 
-fn rendezvous_with(
+fn join(
     world: &World,
     timeout: Duration,
     listener: Option<TcpListener>,
+    token: Option<&str>,
 ) -> Result<Rendezvous, StoreError> {
     let server = listener
-        .map(TcpStoreServer::from_std_listener)
+        .map(|l| TcpStoreServer::from_std_listener_with_token(l, token))
         .transpose()?;
     let addr = world.store_addr();
     let store: Arc<dyn Store> = match &addr {
-        Some(a) => Arc::new(TcpStoreClient::connect(a, timeout)?),
+        Some(a) => Arc::new(TcpStoreClient::connect_with_token(a, timeout, token)?),
         None if world.size == 1 => Arc::new(MemoryStore::new()),
         None => {
             return Err(StoreError::Protocol(format!(
@@ -92,11 +106,65 @@ fn rendezvous_with(
         rank: world.rank,
         size: world.size,
         addr,
+        token: token.map(str::to_string),
         timeout,
         finished: Arc::new(AtomicBool::new(false)),
         watchers: Mutex::new(Vec::new()),
         barrier_generation: Mutex::new(HashMap::new()),
     })
+}
+
+/// The ranks whose keys `<prefix>/<rank>` are among `keys`, sorted and without duplicates,
+/// so that a [`StoreError::Timeout`] on an exchange can say "rank 5 never registered" instead
+/// of listing store keys. `prefix` may end in '/' or not; keys that are not of that form (and
+/// anything after the rank, as in `barrier/x/3/done`) are ignored.
+pub fn missing_ranks(keys: &[String], prefix: &str) -> Vec<usize> {
+    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
+    let mut ranks: Vec<usize> = keys
+        .iter()
+        .filter_map(|k| {
+            let rest = k.strip_prefix(prefix)?.strip_prefix('/')?;
+            let digits = rest.split(['/', ' ']).next()?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            digits.parse().ok()
+        })
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    ranks
+}
+
+/// "rank 5 never registered" / "ranks 0-3, 7 never registered" for the keys of a timed-out
+/// wait, or `None` when no key is a `<prefix>/<rank>` key. Consecutive ranks are folded into
+/// ranges because at scale a whole node (or rack) of ranks tends to be missing at once.
+pub fn never_registered(keys: &[String], prefix: &str) -> Option<String> {
+    let ranks = missing_ranks(keys, prefix);
+    match ranks.as_slice() {
+        [] => None,
+        [r] => Some(format!("rank {r} never registered")),
+        _ => Some(format!("ranks {} never registered", fold_ranges(&ranks))),
+    }
+}
+
+/// "0-3, 7, 9-10" for sorted, distinct ranks.
+pub fn fold_ranges(ranks: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if j == i {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
 }
 
 fn bind_any(world: &World) -> Result<TcpListener, StoreError> {
@@ -107,6 +175,11 @@ fn bind_any(world: &World) -> Result<TcpListener, StoreError> {
     };
     let sa = SocketAddr::new(ip, world.master_port);
     TcpListener::bind(sa).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            return StoreError::PortInUse {
+                port: world.master_port,
+            };
+        }
         StoreError::Io(std::io::Error::new(
             e.kind(),
             format!("rank 0 cannot listen on {sa} (MASTER_PORT) for the rendezvous store: {e}"),
@@ -255,7 +328,11 @@ impl Rendezvous {
     pub fn watch_abort(&self, abort: Abort) -> Result<(), StoreError> {
         let (store, client, poll): (Arc<dyn Store>, _, _) = match &self.addr {
             Some(a) => {
-                let c = Arc::new(TcpStoreClient::connect(a, self.timeout)?);
+                let c = Arc::new(TcpStoreClient::connect_with_token(
+                    a,
+                    self.timeout,
+                    self.token.as_deref(),
+                )?);
                 (c.clone(), Some(c), WATCH_POLL)
             }
             // In process nothing can interrupt the wait, so poll faster to notice `finish`.
@@ -399,10 +476,10 @@ mod tests {
             hostname: "test".into(),
         };
         let mut listener = Some(listener);
-        let r0 = rendezvous_with(&world(0), T, listener.take()).unwrap();
+        let r0 = join(&world(0), T, listener.take(), None).unwrap();
         let mut all = vec![r0];
         for rank in 1..size {
-            all.push(rendezvous_with(&world(rank), T, None).unwrap());
+            all.push(join(&world(rank), T, None, None).unwrap());
         }
         all
     }
@@ -516,6 +593,96 @@ mod tests {
         r.post_abort("self").unwrap();
         assert_eq!(wait_raised(&a), "self");
         r.finish().unwrap();
+    }
+
+    fn world_at(rank: usize, size: usize, port: u16) -> World {
+        World {
+            rank,
+            size,
+            local_rank: rank,
+            local_size: size,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            hostname: "test".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_token_keeps_other_jobs_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let r0 = join(&world_at(0, 2, port), T, Some(listener), Some("job-a")).unwrap();
+        // A rank of another job that was given the same port is refused at once ...
+        let start = Instant::now();
+        let e = join(&world_at(1, 2, port), T, None, Some("job-b"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, StoreError::WrongToken { .. }), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        // ... and the job's own rank still joins, watcher connection included.
+        let r1 = join(&world_at(1, 2, port), T, None, Some("job-a")).unwrap();
+        let aborts = [Abort::new(), Abort::new()];
+        r0.watch_abort(aborts[0].clone()).unwrap();
+        r1.watch_abort(aborts[1].clone()).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| r0.barrier("b", T));
+            r1.barrier("b", T).unwrap();
+            h.join().unwrap().unwrap();
+        });
+        r1.finish().unwrap();
+        r0.finish().unwrap();
+        assert!(!aborts[0].is_raised() && !aborts[1].is_raised());
+    }
+
+    #[test]
+    fn a_taken_port_says_which_and_how_to_change_it() {
+        let taken = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let e = rendezvous(&world_at(0, 2, port), Duration::from_millis(200))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, StoreError::PortInUse { port: p } if p == port),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "port {port} is already in use on this host (hostNetwork pods share ports): \
+                 pick another with --port or MASTER_PORT"
+            )
+        );
+    }
+
+    #[test]
+    fn missing_keys_name_ranks() {
+        let keys: Vec<String> = ["handle/5", "handle/2", "handle/3", "handle/x", "plan/9"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(missing_ranks(&keys, "handle"), vec![2, 3, 5]);
+        assert_eq!(missing_ranks(&keys, "handle/"), vec![2, 3, 5]);
+        assert_eq!(missing_ranks(&keys, "hand"), Vec::<usize>::new());
+        assert_eq!(missing_ranks(&keys, "plan"), vec![9]);
+        let odd = vec![
+            "handle/7/x".to_string(),
+            "handle/7".to_string(),
+            "handle/+1".to_string(),
+            "handle/".to_string(),
+            "handle/99999999999999999999999".to_string(),
+        ];
+        assert_eq!(missing_ranks(&odd, "handle"), vec![7]);
+        assert_eq!(
+            never_registered(&keys[..1], "handle").unwrap(),
+            "rank 5 never registered"
+        );
+        assert_eq!(
+            never_registered(&keys, "handle").unwrap(),
+            "ranks 2-3, 5 never registered"
+        );
+        assert_eq!(never_registered(&keys, "nope"), None);
+        assert_eq!(fold_ranges(&[0, 1, 2, 3, 7, 9, 10]), "0-3, 7, 9-10");
+        assert_eq!(fold_ranges(&[]), "");
     }
 
     #[test]

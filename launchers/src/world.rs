@@ -29,6 +29,18 @@ pub enum WorldError {
         value: String,
         why: String,
     },
+    /// Like `Invalid`, for a variable or file whose name is only known at run time (Volcano's
+    /// per-task `VC_<TASK>_NUM`, `/etc/volcano/<task>.host`).
+    #[error("{var}={value:?} is invalid: {why}")]
+    InvalidVar {
+        var: String,
+        value: String,
+        why: String,
+    },
+    /// The launcher's description is incomplete or contradictory in a way no single variable
+    /// explains; the message says what to change.
+    #[error("{0}")]
+    Launcher(String),
 }
 
 impl World {
@@ -59,69 +71,14 @@ impl World {
     ) -> Result<Option<Self>, WorldError> {
         // Job specs often template variables to "" when a value is absent; treat that as unset.
         let get = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
-        let rank_s = get("RANK");
-        let size_s = get("WORLD_SIZE");
-        let (rank_s, size_s) = match (rank_s, size_s) {
-            (None, None) => return Ok(None),
-            (Some(_), None) => {
-                return Err(WorldError::Missing {
-                    var: "WORLD_SIZE",
-                    why: "RANK is, so the launcher described only half a job".into(),
-                })
-            }
-            (None, Some(_)) => {
-                return Err(WorldError::Missing {
-                    var: "RANK",
-                    why: "WORLD_SIZE is, so the launcher described only half a job".into(),
-                })
-            }
-            (Some(r), Some(s)) => (r, s),
-        };
-        let size = parse_count("WORLD_SIZE", &size_s)?;
-        if size == 0 {
-            return Err(invalid(
-                "WORLD_SIZE",
-                &size_s,
-                "a job needs at least one rank",
-            ));
-        }
-        let rank = parse_count("RANK", &rank_s)?;
-        if rank >= size {
-            return Err(invalid(
-                "RANK",
-                &rank_s,
-                &format!("ranks are 0..{size} with WORLD_SIZE={size}"),
-            ));
-        }
-        let local_size = match get("LOCAL_WORLD_SIZE") {
-            None => 1,
-            Some(v) => {
-                let n = parse_count("LOCAL_WORLD_SIZE", &v)?;
-                if n == 0 || n > size {
-                    return Err(invalid(
-                        "LOCAL_WORLD_SIZE",
-                        &v,
-                        &format!("must be between 1 and WORLD_SIZE={size}"),
-                    ));
-                }
-                n
-            }
-        };
-        let local_rank = match get("LOCAL_RANK") {
-            None => 0,
-            Some(v) => {
-                let n = parse_count("LOCAL_RANK", &v)?;
-                if n >= local_size {
-                    return Err(invalid(
-                        "LOCAL_RANK",
-                        &v,
-                        &format!(
-                            "local ranks are 0..{local_size} with LOCAL_WORLD_SIZE={local_size}"
-                        ),
-                    ));
-                }
-                n
-            }
+        let Some(Position {
+            rank,
+            size,
+            local_rank,
+            local_size,
+        }) = torchrun_position(&get)?
+        else {
+            return Ok(None);
         };
         let need = |var: &'static str| WorldError::Missing {
             var,
@@ -133,19 +90,7 @@ impl World {
             None => String::new(),
         };
         let master_port = match get("MASTER_PORT") {
-            Some(p) => {
-                let port: u16 = p.trim().parse().map_err(|_| {
-                    invalid("MASTER_PORT", &p, "expected a TCP port number (1-65535)")
-                })?;
-                if port == 0 {
-                    return Err(invalid(
-                        "MASTER_PORT",
-                        &p,
-                        "port 0 would let rank 0 pick a port nobody else knows",
-                    ));
-                }
-                port
-            }
+            Some(p) => parse_port("MASTER_PORT", &p)?,
             None if !master_addr.is_empty() => return Err(need("MASTER_PORT")),
             None => 0,
         };
@@ -174,7 +119,28 @@ impl World {
     }
 }
 
-fn invalid(var: &'static str, value: &str, why: &str) -> WorldError {
+/// Process `local` of `g` started on the pod (or Slurm task) that `pod` describes, for
+/// `--nproc-per-node g`: cluster launchers number pods, busbw numbers processes.
+///
+/// Global ranks are pod-major (`pod.rank * g + local`) so that a pod's processes are
+/// consecutive, as torchrun numbers them: ring neighbours then mostly share a host and only
+/// one ring link per pod crosses the network. Local numbering multiplies the same way, which
+/// reduces to
+/// `local` of `g` for the usual one pod per node and stays correct when a launcher already
+/// put several tasks on one node.
+pub fn expand(pod: &World, g: usize, local: usize) -> World {
+    World {
+        rank: pod.rank * g + local,
+        size: pod.size * g,
+        local_rank: pod.local_rank * g + local,
+        local_size: pod.local_size * g,
+        master_addr: pod.master_addr.clone(),
+        master_port: pod.master_port,
+        hostname: pod.hostname.clone(),
+    }
+}
+
+pub(crate) fn invalid(var: &'static str, value: &str, why: &str) -> WorldError {
     WorldError::Invalid {
         var,
         value: value.to_string(),
@@ -182,7 +148,108 @@ fn invalid(var: &'static str, value: &str, why: &str) -> WorldError {
     }
 }
 
-fn parse_count(var: &'static str, value: &str) -> Result<usize, WorldError> {
+/// Where a process sits in the job, before anyone has said where rank 0 is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub rank: usize,
+    pub size: usize,
+    pub local_rank: usize,
+    pub local_size: usize,
+}
+
+/// RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE through `get` (which already treats ""
+/// as unset); `None` when neither RANK nor WORLD_SIZE is set.
+pub(crate) fn torchrun_position(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Position>, WorldError> {
+    let rank_s = get("RANK");
+    let size_s = get("WORLD_SIZE");
+    let (rank_s, size_s) = match (rank_s, size_s) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(WorldError::Missing {
+                var: "WORLD_SIZE",
+                why: "RANK is, so the launcher described only half a job".into(),
+            })
+        }
+        (None, Some(_)) => {
+            return Err(WorldError::Missing {
+                var: "RANK",
+                why: "WORLD_SIZE is, so the launcher described only half a job".into(),
+            })
+        }
+        (Some(r), Some(s)) => (r, s),
+    };
+    let size = parse_count("WORLD_SIZE", &size_s)?;
+    if size == 0 {
+        return Err(invalid(
+            "WORLD_SIZE",
+            &size_s,
+            "a job needs at least one rank",
+        ));
+    }
+    let rank = parse_count("RANK", &rank_s)?;
+    if rank >= size {
+        return Err(invalid(
+            "RANK",
+            &rank_s,
+            &format!("ranks are 0..{size} with WORLD_SIZE={size}"),
+        ));
+    }
+    let local_size = match get("LOCAL_WORLD_SIZE") {
+        None => 1,
+        Some(v) => {
+            let n = parse_count("LOCAL_WORLD_SIZE", &v)?;
+            if n == 0 || n > size {
+                return Err(invalid(
+                    "LOCAL_WORLD_SIZE",
+                    &v,
+                    &format!("must be between 1 and WORLD_SIZE={size}"),
+                ));
+            }
+            n
+        }
+    };
+    let local_rank = match get("LOCAL_RANK") {
+        None => 0,
+        Some(v) => {
+            let n = parse_count("LOCAL_RANK", &v)?;
+            if n >= local_size {
+                return Err(invalid(
+                    "LOCAL_RANK",
+                    &v,
+                    &format!("local ranks are 0..{local_size} with LOCAL_WORLD_SIZE={local_size}"),
+                ));
+            }
+            n
+        }
+    };
+    Ok(Some(Position {
+        rank,
+        size,
+        local_rank,
+        local_size,
+    }))
+}
+
+/// A store port from a variable: rank 0 binds it and everyone else dials it, so it must be a
+/// real port number that all ranks can know in advance.
+pub(crate) fn parse_port(var: &'static str, value: &str) -> Result<u16, WorldError> {
+    let port: u16 = value
+        .trim()
+        .parse()
+        .map_err(|_| invalid(var, value, "expected a TCP port number (1-65535)"))?;
+    if port == 0 {
+        return Err(invalid(
+            var,
+            value,
+            "port 0 would let rank 0 pick a port nobody else knows",
+        ));
+    }
+    Ok(port)
+}
+
+pub(crate) fn parse_count(var: &'static str, value: &str) -> Result<usize, WorldError> {
     value
         .trim()
         .parse()
@@ -334,6 +401,37 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn expand_numbers_processes_pod_major() {
+        let pod = World {
+            rank: 2,
+            size: 4,
+            local_rank: 0,
+            local_size: 1,
+            master_addr: "job-rank-0.job".into(),
+            master_port: 29500,
+            hostname: "job-rank-2".into(),
+        };
+        let w = expand(&pod, 8, 3);
+        assert_eq!((w.rank, w.size, w.local_rank, w.local_size), (19, 32, 3, 8));
+        assert_eq!(
+            (w.master_addr.as_str(), w.master_port),
+            ("job-rank-0.job", 29500)
+        );
+        assert_eq!(w.hostname, "job-rank-2");
+        assert_eq!(expand(&pod, 1, 0), pod);
+        // Two Slurm tasks per node, each starting 2 processes: 4 local ranks per node.
+        let task = World {
+            rank: 3,
+            size: 4,
+            local_rank: 1,
+            local_size: 2,
+            ..pod
+        };
+        let w = expand(&task, 2, 1);
+        assert_eq!((w.rank, w.size, w.local_rank, w.local_size), (7, 8, 3, 4));
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use busbw_launchers::local::{run, LaunchError, LocalLaunch};
-use busbw_launchers::{rendezvous, World};
+use busbw_launchers::local::{run, run_pod, run_with_token, LaunchError, LocalLaunch};
+use busbw_launchers::{rendezvous, Store, TcpStoreClient, TcpStoreServer, World};
 use busbw_transports::Abort;
 
 fn sh(np: usize, script: &str, grace: Duration) -> LocalLaunch {
@@ -32,7 +32,8 @@ fn worst_exit_code_wins() {
 fn ranks_get_their_environment_and_rank_0_the_socket() {
     let script = r#"
         [ "$WORLD_SIZE" = 3 ] && [ "$LOCAL_WORLD_SIZE" = 3 ] && [ "$LOCAL_RANK" = "$RANK" ] \
-          && [ "$MASTER_ADDR" = 127.0.0.1 ] && [ "$MASTER_PORT" -gt 0 ] || exit 10
+          && [ "$MASTER_ADDR" = 127.0.0.1 ] && [ "$MASTER_PORT" -gt 0 ] \
+          && [ "$BUSBW_LAUNCHED" = 1 ] && [ -z "$BUSBW_JOB_TOKEN" ] || exit 10
         if [ "$RANK" = 0 ]; then
           [ -n "$BUSBW_STORE_FD" ] && [ -e "/proc/$$/fd/$BUSBW_STORE_FD" ] || exit 11
         else
@@ -40,6 +41,156 @@ fn ranks_get_their_environment_and_rank_0_the_socket() {
         fi
     "#;
     assert_eq!(run(&sh(3, script, Duration::from_secs(5))).unwrap(), 0);
+}
+
+#[test]
+fn the_token_reaches_the_ranks() {
+    let l = sh(
+        2,
+        r#"[ "$BUSBW_JOB_TOKEN" = "tok-1" ] || exit 10"#,
+        Duration::from_secs(5),
+    );
+    assert_eq!(run_with_token(&l, Some("tok-1")).unwrap(), 0);
+}
+
+fn pod(rank: usize, size: usize, addr: &str, port: u16) -> World {
+    World {
+        rank,
+        size,
+        local_rank: 0,
+        local_size: 1,
+        master_addr: addr.into(),
+        master_port: port,
+        hostname: "pod-host".into(),
+    }
+}
+
+fn sh_args(script: &str) -> Vec<OsString> {
+    vec!["-c".into(), script.into()]
+}
+
+#[test]
+fn a_pods_children_get_the_expanded_world() {
+    let dir = std::env::temp_dir().join(format!("busbw-run-pod-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Pod 1 of 2 with 3 processes each: global ranks 3, 4, 5 of 6.
+    let script = format!(
+        r#"
+        [ "$RANK" -eq $((3 + LOCAL_RANK)) ] && [ "$WORLD_SIZE" = 6 ]           && [ "$LOCAL_WORLD_SIZE" = 3 ] && [ "$MASTER_ADDR" = pod-0.job ]           && [ "$MASTER_PORT" = 29555 ] && [ "$BUSBW_LAUNCHED" = 1 ]           && [ "$BUSBW_JOB_TOKEN" = tok ] && [ -z "$BUSBW_STORE_FD" ] || exit 10
+        touch "{}/$RANK"
+        "#,
+        dir.display()
+    );
+    let code = run_pod(
+        &pod(1, 2, "pod-0.job", 29555),
+        3,
+        &PathBuf::from("/bin/sh"),
+        &sh_args(&script),
+        Duration::from_secs(5),
+        &[],
+        Some("tok"),
+    )
+    .unwrap();
+    assert_eq!(code, 0);
+    let mut ranks: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    ranks.sort();
+    assert_eq!(ranks, ["3", "4", "5"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_pod_without_an_address_is_served_on_loopback() {
+    let script = r#"
+        [ "$WORLD_SIZE" = 2 ] && [ "$MASTER_ADDR" = 127.0.0.1 ] && [ "$MASTER_PORT" -gt 0 ] || exit 10
+        if [ "$RANK" = 0 ]; then
+          [ -e "/proc/$$/fd/$BUSBW_STORE_FD" ] || exit 11
+        else
+          [ -z "$BUSBW_STORE_FD" ] || exit 12
+        fi
+    "#;
+    let mut one = World::single();
+    one.hostname = "h".into();
+    let code = run_pod(
+        &one,
+        2,
+        &PathBuf::from("/bin/sh"),
+        &sh_args(script),
+        Duration::from_secs(5),
+        &[],
+        None,
+    )
+    .unwrap();
+    assert_eq!(code, 0);
+
+    let e = run_pod(
+        &one,
+        0,
+        &PathBuf::from("/bin/sh"),
+        &[],
+        Duration::from_secs(1),
+        &[],
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(e, LaunchError::NoLocalRanks), "{e}");
+    let e = run_pod(
+        &pod(1, 2, "", 0),
+        2,
+        &PathBuf::from("/bin/sh"),
+        &[],
+        Duration::from_secs(1),
+        &[],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+}
+
+#[test]
+fn a_failing_child_is_posted_to_the_jobs_store_and_its_siblings_killed() {
+    // The job's store runs elsewhere (here: in this process) and wants a token.
+    let server =
+        TcpStoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some("tok")).unwrap();
+    let port = server.local_addr().port();
+    let script = r#"
+        case "$LOCAL_RANK" in
+          1) exit 5 ;;
+          *) exec sleep 30 ;;
+        esac
+    "#;
+    let start = Instant::now();
+    let code = run_pod(
+        &pod(1, 2, "127.0.0.1", port),
+        2,
+        &PathBuf::from("/bin/sh"),
+        &sh_args(script),
+        Duration::from_millis(800),
+        &[],
+        Some("tok"),
+    )
+    .unwrap();
+    assert_eq!(code, 5);
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+    let c = TcpStoreClient::connect_with_token(
+        &format!("127.0.0.1:{port}"),
+        Duration::from_secs(5),
+        Some("tok"),
+    )
+    .unwrap();
+    let reason = c.wait(&["abort"], Duration::from_secs(5)).unwrap();
+    let reason = String::from_utf8_lossy(&reason[0]).into_owned();
+    assert!(
+        reason.contains("rank 3") && reason.contains("exited with code 5"),
+        "{reason}"
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@
 
 mod abort;
 mod error;
+pub mod iface;
 pub mod inproc;
 mod slots;
 pub mod tcp;

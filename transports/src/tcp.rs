@@ -232,9 +232,13 @@ struct TcpListenerComm {
 }
 
 impl TcpListenerComm {
-    /// Reads and checks the hello frame, returning the peer's (rank, channel); `Ok(None)`
-    /// means "not one of ours, drop it".
-    fn handshake(&self, stream: &TcpStream, deadline: Instant) -> io::Result<Option<(u32, u32)>> {
+    /// Reads and checks the hello frame, returning the peer's (rank, channel), or why the
+    /// connection is not one of ours.
+    fn handshake(
+        &self,
+        stream: &TcpStream,
+        deadline: Instant,
+    ) -> io::Result<Result<(u32, u32), String>> {
         let wait = remaining(deadline)
             .unwrap_or(Duration::from_millis(1))
             .min(Duration::from_secs(5));
@@ -242,21 +246,30 @@ impl TcpListenerComm {
         stream.set_read_timeout(Some(wait))?;
         let mut hello = [0u8; HELLO_LEN];
         let mut s = stream;
-        if s.read_exact(&mut hello).is_err() {
-            return Ok(None);
+        if let Err(e) = s.read_exact(&mut hello) {
+            return Ok(Err(format!("no complete hello frame ({e})")));
         }
         let word = |r: std::ops::Range<usize>| {
             let mut b = [0u8; 8];
             b[..r.len()].copy_from_slice(&hello[r]);
             u64::from_le_bytes(b)
         };
-        if word(0..8) != HELLO_MAGIC
-            || word(8..12) != PROTOCOL_VERSION as u64
-            || word(16..24) != self.identity.job
-        {
-            return Ok(None);
+        if word(0..8) != HELLO_MAGIC {
+            return Ok(Err("not a busbw connection (bad magic)".into()));
         }
-        Ok(Some((word(12..16) as u32, word(24..28) as u32)))
+        if word(8..12) != PROTOCOL_VERSION as u64 {
+            return Ok(Err(format!(
+                "busbw wire protocol {} where {PROTOCOL_VERSION} is spoken (mixed versions?)",
+                word(8..12)
+            )));
+        }
+        if word(16..24) != self.identity.job {
+            return Ok(Err(format!(
+                "rank {} belongs to another job or has another job token",
+                word(12..16)
+            )));
+        }
+        Ok(Ok((word(12..16) as u32, word(24..28) as u32)))
     }
 }
 
@@ -290,8 +303,8 @@ impl Listener for TcpListenerComm {
             if !poll_readable(self.listener.as_raw_fd(), left)? {
                 continue;
             }
-            let stream = match self.listener.accept() {
-                Ok((s, _)) => s,
+            let (stream, from) = match self.listener.accept() {
+                Ok(pair) => pair,
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -304,9 +317,19 @@ impl Listener for TcpListenerComm {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let Ok(Some((peer, channel))) = self.handshake(&stream, deadline) else {
-                // A stranger: drop it and keep waiting for the peer we expect.
-                continue;
+            let refused = match self.handshake(&stream, deadline) {
+                Ok(Ok((peer, channel))) => Ok((peer, channel)),
+                Ok(Err(why)) => Err(why),
+                Err(e) => Err(e.to_string()),
+            };
+            let (peer, channel) = match refused {
+                Ok(who) => who,
+                Err(why) => {
+                    // A stranger: say so (a misconfigured job should be visible), drop it and
+                    // keep waiting for the peer we expect.
+                    eprintln!("busbw: refused a data connection from {from}: {why}");
+                    continue;
+                }
             };
             let io_err = |error| TransportError::PeerIo { peer, error };
             stream.set_nodelay(true).map_err(io_err)?;

@@ -1,12 +1,13 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::proto::{self, Decoder, Encoder};
 use super::{Store, StoreError, MAX_KEY_LEN, MAX_VALUE_LEN};
+use crate::token::digest_of;
 
 /// Extra time the client allows beyond a WAIT's own timeout before it gives up on the server:
 /// the server enforces the timeout itself and answers, so the margin only covers a server that
@@ -15,6 +16,13 @@ const WAIT_MARGIN: Duration = Duration::from_secs(5);
 /// Floor on the time a single non-WAIT request may take.
 const MIN_OP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest pause between lookups of a name that does not resolve yet.
+const MAX_DNS_BACKOFF: Duration = Duration::from_secs(2);
+/// Longest single TCP connect attempt: a dropped SYN must not use up the whole deadline in
+/// one attempt when the next one (after a pod became Ready, a route appeared) may succeed.
+const MAX_CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
+/// Shortest time given to one attempt, so that a nearly spent deadline still gets a real try.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// Blocking client of [`super::TcpStoreServer`].
 ///
@@ -25,6 +33,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// into a deadlock until the timeout.
 pub struct TcpStoreClient {
     addr: String,
+    /// Digest of the job token presented in every hello, 0 for none.
+    digest: u64,
     op_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
     /// Second handles on every open connection, so [`Self::close`] can interrupt requests
@@ -40,49 +50,77 @@ struct Conn {
 }
 
 impl TcpStoreClient {
-    /// Connect to the store at `addr` (`host:port`), retrying until `timeout`.
-    ///
-    /// Ranks start in any order and rank 0 may not listen yet, its name may not resolve yet
-    /// (Kubernetes DNS for headless services lags pod start), so refusals and resolution
-    /// failures are retried with backoff, as NCCL does for its bootstrap socket. Only a peer
-    /// that answers with a different protocol fails at once.
+    /// Connect to the store at `addr` (`host:port`) of a job without a token, retrying until
+    /// `timeout`. See [`Self::connect_with_token`].
     pub fn connect(addr: &str, timeout: Duration) -> Result<Self, StoreError> {
+        Self::connect_with_token(addr, timeout, None)
+    }
+
+    /// Connect to the store at `addr` (`host:port`, IPv6 literals bracketed), presenting
+    /// `token`, retrying until `timeout`.
+    ///
+    /// Ranks start in any order: rank 0 may not listen yet, and its name may not resolve yet
+    /// (Kubernetes publishes a pod's name only once it is Ready). So resolution failures,
+    /// refusals and unanswered attempts are all retried with backoff, as NCCL does for its
+    /// bootstrap socket, and resolution itself is bounded by the deadline because a resolver
+    /// can block far longer than a rank should wait. When the deadline passes the error says
+    /// which of those kept happening ([`StoreError::Unresolved`], [`StoreError::Refused`],
+    /// [`StoreError::Unreachable`]), since each points at a different fix. A peer that answers
+    /// with another protocol, or refuses the token, fails at once: waiting cannot change that.
+    pub fn connect_with_token(
+        addr: &str,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Self, StoreError> {
+        let (host, port) = split_host_port(addr)?;
+        let digest = digest_of(token);
         let start = Instant::now();
         let deadline = start + timeout;
         let op_timeout = timeout.max(MIN_OP_TIMEOUT);
+        let mut resolver = Resolver::new(host.clone(), port);
         let mut backoff = Duration::from_millis(10);
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             // Bound the greeting by the deadline too: a listener whose owner has not started
             // serving yet (or never will) accepts the connection but stays silent.
-            let attempt = remaining.max(Duration::from_millis(100));
-            let last_err = match open(addr, attempt, attempt.min(op_timeout)) {
-                Ok(stream) => {
-                    let client = Self {
-                        addr: addr.to_string(),
-                        op_timeout,
-                        idle: Mutex::new(Vec::new()),
-                        live: Mutex::new(HashMap::new()),
-                        next_id: AtomicU64::new(0),
-                        closed: AtomicBool::new(false),
-                    };
-                    let conn = client.register(stream)?;
-                    lock(&client.idle).push(conn);
-                    return Ok(client);
-                }
-                Err(HandshakeError::Fatal(e)) => return Err(e),
-                Err(HandshakeError::Retry(e)) => e,
+            let attempt = remaining.max(MIN_ATTEMPT);
+            let failure = match resolver.resolve(attempt) {
+                Err(detail) => Failure::Unresolved(detail),
+                Ok(addrs) => match connect_any(&addrs, attempt) {
+                    Err(f) => f,
+                    Ok(stream) => match handshake(&stream, addr, digest, attempt.min(op_timeout)) {
+                        Ok(()) => {
+                            let client = Self {
+                                addr: addr.to_string(),
+                                digest,
+                                op_timeout,
+                                idle: Mutex::new(Vec::new()),
+                                live: Mutex::new(HashMap::new()),
+                                next_id: AtomicU64::new(0),
+                                closed: AtomicBool::new(false),
+                            };
+                            let conn = client.register(stream)?;
+                            lock(&client.idle).push(conn);
+                            return Ok(client);
+                        }
+                        Err(HandshakeError::Fatal(e)) => return Err(e),
+                        Err(HandshakeError::Retry(e)) => Failure::Handshake(e),
+                    },
+                },
             };
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(StoreError::Disconnected(format!(
-                    "could not reach the rendezvous store served by rank 0 at {addr} within \
-                     {:.1}s: {last_err}",
-                    timeout.as_secs_f64()
-                )));
+                return Err(failure.into_error(addr, &host, timeout.as_secs_f64()));
             }
-            std::thread::sleep(backoff.min(remaining));
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            // Name lookups go to the cluster's DNS, which every waiting rank of a large job
+            // queries at once: back off further there, and spread all retries out so that
+            // ranks started together do not retry in lockstep.
+            let cap = match failure {
+                Failure::Unresolved(_) => MAX_DNS_BACKOFF,
+                _ => MAX_BACKOFF,
+            };
+            std::thread::sleep(jitter(backoff).min(remaining));
+            backoff = (backoff * 2).min(cap);
         }
     }
 
@@ -129,7 +167,7 @@ impl TcpStoreClient {
         if let Some(c) = lock(&self.idle).pop() {
             return Ok(c);
         }
-        match open(&self.addr, self.op_timeout, self.op_timeout) {
+        match open(&self.addr, self.digest, self.op_timeout) {
             Ok(stream) => {
                 let conn = self.register(stream)?;
                 // close() may have run between the check above and registering.
@@ -195,15 +233,177 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Connect and greet once.
-fn open(
-    addr: &str,
-    connect_timeout: Duration,
-    op_timeout: Duration,
-) -> Result<TcpStream, HandshakeError> {
-    let stream = connect_once(addr, connect_timeout).map_err(HandshakeError::Retry)?;
-    handshake(&stream, addr, op_timeout)?;
+/// `d` scaled by a random factor in [0.75, 1.25).
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded randomly per process and per instance: enough to decorrelate
+    // ranks without a random-number dependency.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let frac = (r >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(0.75 + 0.5 * frac)
+}
+
+/// Connect and greet once, without the start-up retries: used once the server was up.
+fn open(addr: &str, digest: u64, op_timeout: Duration) -> Result<TcpStream, HandshakeError> {
+    let (host, port) = split_host_port(addr).map_err(HandshakeError::Fatal)?;
+    let addrs = Resolver::new(host, port)
+        .resolve(op_timeout)
+        .map_err(HandshakeError::Retry)?;
+    let stream = connect_any(&addrs, op_timeout).map_err(|f| HandshakeError::Retry(f.detail()))?;
+    handshake(&stream, addr, digest, op_timeout)?;
     Ok(stream)
+}
+
+/// `host:port` or `[v6]:port` into its parts; the host keeps no brackets.
+fn split_host_port(addr: &str) -> Result<(String, u16), StoreError> {
+    let bad = |why: &str| {
+        StoreError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("store address {addr:?} {why}"),
+        ))
+    };
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| bad("has no port (expected host:port)"))?;
+    let host = match host.strip_prefix('[') {
+        Some(h) => h
+            .strip_suffix(']')
+            .ok_or_else(|| bad("has an unbalanced '['"))?,
+        None if host.contains(':') => {
+            return Err(bad("is an IPv6 address without brackets ([addr]:port)"))
+        }
+        None => host,
+    };
+    if host.is_empty() {
+        return Err(bad("has no host"));
+    }
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| bad("has an invalid port"))?;
+    Ok((host.to_string(), port))
+}
+
+/// Name resolution bounded by a deadline.
+///
+/// getaddrinfo cannot be cancelled and may block for the resolver's own timeouts (tens of
+/// seconds with an unreachable name server), so it runs on a helper thread. A lookup that
+/// outlives one attempt is waited on again by the next attempt instead of starting another,
+/// so a hung resolver never accumulates threads.
+struct Resolver {
+    host: String,
+    port: u16,
+    pending: Option<mpsc::Receiver<io::Result<Vec<SocketAddr>>>>,
+}
+
+impl Resolver {
+    fn new(host: String, port: u16) -> Self {
+        Self {
+            host,
+            port,
+            pending: None,
+        }
+    }
+
+    fn resolve(&mut self, limit: Duration) -> Result<Vec<SocketAddr>, String> {
+        if let Ok(ip) = self.host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, self.port)]);
+        }
+        let rx = match self.pending.take() {
+            Some(rx) => rx,
+            None => {
+                let (tx, rx) = mpsc::channel();
+                let target = (self.host.clone(), self.port);
+                std::thread::Builder::new()
+                    .name("busbw-resolve".into())
+                    .spawn(move || {
+                        let _ = tx.send(target.to_socket_addrs().map(Iterator::collect));
+                    })
+                    .map_err(|e| format!("cannot start a resolver thread: {e}"))?;
+                rx
+            }
+        };
+        match rx.recv_timeout(limit) {
+            Ok(Ok(addrs)) if addrs.is_empty() => Err("it resolved to no addresses".into()),
+            Ok(Ok(addrs)) => Ok(addrs),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.pending = Some(rx);
+                Err(format!(
+                    "the resolver did not answer within {:.1} s",
+                    limit.as_secs_f64()
+                ))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err("the resolver thread died".into()),
+        }
+    }
+}
+
+/// Why one connection attempt failed, kept so that the final error names the cause that
+/// persisted rather than a generic "could not connect".
+enum Failure {
+    Unresolved(String),
+    Refused,
+    Unreachable(String),
+    Handshake(String),
+}
+
+impl Failure {
+    fn detail(&self) -> String {
+        match self {
+            Failure::Unresolved(d) => format!("cannot resolve: {d}"),
+            Failure::Refused => "connection refused".into(),
+            Failure::Unreachable(d) | Failure::Handshake(d) => d.clone(),
+        }
+    }
+
+    fn into_error(self, addr: &str, host: &str, secs: f64) -> StoreError {
+        let addr = addr.to_string();
+        match self {
+            Failure::Unresolved(detail) => StoreError::Unresolved {
+                host: host.to_string(),
+                secs,
+                detail,
+            },
+            Failure::Refused => StoreError::Refused { addr, secs },
+            Failure::Unreachable(detail) => StoreError::Unreachable { addr, secs, detail },
+            Failure::Handshake(detail) => StoreError::Disconnected(format!(
+                "could not reach the rendezvous store served by rank 0 at {addr} within \
+                 {secs:.1}s: {detail}"
+            )),
+        }
+    }
+}
+
+/// Try every resolved address in turn. When all fail, a refusal wins over other causes: it
+/// proves the host is up and points at the port, the more useful thing to report.
+fn connect_any(addrs: &[SocketAddr], limit: Duration) -> Result<TcpStream, Failure> {
+    let per_attempt = limit.clamp(MIN_ATTEMPT, MAX_CONNECT_ATTEMPT);
+    let mut failure = Failure::Unreachable("it resolved to no addresses".into());
+    for sa in addrs {
+        match TcpStream::connect_timeout(sa, per_attempt) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => failure = Failure::Refused,
+            Err(e) => {
+                if !matches!(failure, Failure::Refused) {
+                    failure = Failure::Unreachable(match e.kind() {
+                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => format!(
+                            "connecting to {sa}: no answer within {:.1} s",
+                            per_attempt.as_secs_f64()
+                        ),
+                        _ => format!("connecting to {sa}: {e}"),
+                    });
+                }
+            }
+        }
+    }
+    Err(failure)
 }
 
 fn exchange(
@@ -232,48 +432,49 @@ fn exchange(
     Ok(body)
 }
 
-fn connect_once(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
-    let mut last = format!("{addr} resolved to no addresses");
-    for sa in addrs {
-        match TcpStream::connect_timeout(&sa, timeout.min(Duration::from_secs(5))) {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
-            Err(e) => last = format!("connecting to {sa}: {e}"),
-        }
-    }
-    Err(last)
-}
-
 enum HandshakeError {
     Retry(String),
     Fatal(StoreError),
 }
 
-fn handshake(stream: &TcpStream, addr: &str, timeout: Duration) -> Result<(), HandshakeError> {
+fn handshake(
+    stream: &TcpStream,
+    addr: &str,
+    digest: u64,
+    timeout: Duration,
+) -> Result<(), HandshakeError> {
     let retry = |e: io::Error| HandshakeError::Retry(format!("handshake with {addr}: {e}"));
     let mut s = stream;
     s.set_write_timeout(Some(timeout)).map_err(retry)?;
     s.set_read_timeout(Some(timeout)).map_err(retry)?;
-    s.write_all(&proto::hello()).map_err(retry)?;
+    s.write_all(&proto::client_hello(digest)).map_err(retry)?;
     let mut answer = [0u8; proto::HELLO_LEN];
     s.read_exact(&mut answer).map_err(retry)?;
     match proto::parse_hello(&answer) {
-        None => Err(HandshakeError::Fatal(StoreError::Protocol(format!(
-            "{addr} is not a busbw rendezvous store (wrong greeting): is MASTER_PORT right?"
-        )))),
+        None => {
+            return Err(HandshakeError::Fatal(StoreError::Protocol(format!(
+                "{addr} is not a busbw rendezvous store (wrong greeting): is MASTER_PORT right?"
+            ))))
+        }
         Some(v) if v != proto::VERSION => {
-            Err(HandshakeError::Fatal(StoreError::Protocol(format!(
+            return Err(HandshakeError::Fatal(StoreError::Protocol(format!(
                 "the store at {addr} speaks protocol version {v}, this build speaks {}: \
                  are all ranks running the same busbw build?",
                 proto::VERSION
             ))))
         }
-        Some(_) => Ok(()),
+        Some(_) => {}
+    }
+    let mut status = [0u8; 1];
+    s.read_exact(&mut status).map_err(retry)?;
+    match status[0] {
+        proto::HELLO_OK => Ok(()),
+        proto::HELLO_WRONG_TOKEN => Err(HandshakeError::Fatal(StoreError::WrongToken {
+            addr: addr.to_string(),
+        })),
+        other => Err(HandshakeError::Fatal(StoreError::Protocol(format!(
+            "the store at {addr} answered the greeting with unknown status {other}"
+        )))),
     }
 }
 

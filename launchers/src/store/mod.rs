@@ -56,6 +56,50 @@ pub enum StoreError {
     /// The store server is gone or unreachable; the message names where it was served from.
     #[error("{0}")]
     Disconnected(String),
+    /// Rank 0's host name never resolved before the deadline. On Kubernetes a pod's name
+    /// appears in DNS only once the headless service publishes it (by default only when the
+    /// pod is Ready), so this is told apart from a refused or unreachable port.
+    #[error(
+        "host {host} never resolved in {} s: check the headless service / DNS (a pod's name is \
+         published once it is Ready, unless the service sets publishNotReadyAddresses){}",
+        fmt_secs(*secs),
+        detail_suffix(detail)
+    )]
+    Unresolved {
+        host: String,
+        secs: f64,
+        detail: String,
+    },
+    /// Rank 0's host answered, but nothing listened on the port for the whole wait.
+    #[error(
+        "connection refused by rank 0 at {addr} for {} s: is rank 0 running, is the port right?",
+        fmt_secs(*secs)
+    )]
+    Refused { addr: String, secs: f64 },
+    /// No route to rank 0's host, or connection attempts went unanswered (a firewall or
+    /// NetworkPolicy dropping them) for the whole wait.
+    #[error(
+        "rank 0 at {addr} was unreachable for {} s ({detail}): check routing, firewalls and \
+         NetworkPolicy between the pods",
+        fmt_secs(*secs)
+    )]
+    Unreachable {
+        addr: String,
+        secs: f64,
+        detail: String,
+    },
+    /// The store belongs to another job, or the ranks were given different job tokens.
+    #[error(
+        "the rendezvous store at {addr} refused this rank's job token: another job may be \
+         using the same port, or the ranks were given different tokens"
+    )]
+    WrongToken { addr: String },
+    /// Rank 0 could not bind the store port because something on this host already holds it.
+    #[error(
+        "port {port} is already in use on this host (hostNetwork pods share ports): pick \
+         another with --port or MASTER_PORT"
+    )]
+    PortInUse { port: u16 },
     #[error("store I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// The peer does not speak this store's protocol (or speaks another version of it).
@@ -64,6 +108,24 @@ pub enum StoreError {
     /// `add` found a value that is not a decimal integer.
     #[error("store key {key:?} holds {value:?}, which is not a decimal integer counter")]
     BadValue { key: String, value: String },
+}
+
+/// Whole seconds for the usual multi-minute timeouts, tenths for the short ones of tests and
+/// abort posting, where "0 s" would read as "did not try".
+fn fmt_secs(secs: f64) -> String {
+    if secs >= 10.0 {
+        format!("{secs:.0}")
+    } else {
+        format!("{secs:.1}")
+    }
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" (last error: {detail})")
+    }
 }
 
 /// Shared by both store implementations so `add` behaves identically in and out of process.

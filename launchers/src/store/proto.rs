@@ -1,8 +1,16 @@
 //! Wire format of the TCP store.
 //!
-//! Both ends open with a 12-byte hello (8-byte magic, big-endian u32 version) so that anything
-//! else that happens to connect to the port (an HTTP probe, a port scanner, a client of another
-//! busbw build) is recognised at once and disconnected instead of being parsed as requests.
+//! The client opens with a 20-byte hello (8-byte magic, big-endian u32 version, big-endian u64
+//! job-token digest) so that anything else that happens to connect to the port (an HTTP probe,
+//! a port scanner, a client of another busbw build, a rank of another job that was given the
+//! same port) is recognised at once and disconnected instead of being parsed as requests. The
+//! server answers with its 12-byte magic and version and, when the versions match, one status
+//! byte: [`HELLO_OK`] or [`HELLO_WRONG_TOKEN`]. The server never sends its own digest, so a
+//! stranger cannot learn the credential by connecting.
+//!
+//! Both sides read only the 12-byte magic and version before anything version-specific, which
+//! is what lets builds with different versions still tell each other so.
+//!
 //! After the hello every message is a frame: big-endian u32 body length, then the body. A
 //! request body is an opcode byte and its fields; a response body is a status byte and its
 //! fields. Byte strings are a u32 length and the bytes. One request is in flight per
@@ -11,14 +19,15 @@
 use super::{MAX_KEY_LEN, MAX_VALUE_LEN};
 
 pub const MAGIC: [u8; 8] = *b"BUSBWKV\0";
-pub const VERSION: u32 = 1;
+/// 2: the client hello carries a job-token digest and the server answers with a status byte.
+pub const VERSION: u32 = 2;
+/// Magic and version: the part of a hello every version shares.
 pub const HELLO_LEN: usize = 12;
+/// The client's whole hello in this version: magic, version, token digest.
+pub const CLIENT_HELLO_LEN: usize = HELLO_LEN + 8;
 
-/// Largest request body: a SET of the biggest key and value plus headers. A WAIT for many keys
-/// must fit too, which bounds the number of keys one call can name.
-pub const MAX_REQUEST: usize = MAX_VALUE_LEN + MAX_KEY_LEN + 64;
-/// Largest response body a client accepts: a WAIT may return many values at once.
-pub const MAX_RESPONSE: usize = 1 << 30;
+pub const HELLO_OK: u8 = 0;
+pub const HELLO_WRONG_TOKEN: u8 = 1;
 
 pub const OP_SET: u8 = 1;
 pub const OP_GET: u8 = 2;
@@ -31,10 +40,25 @@ pub const ST_TIMEOUT: u8 = 2;
 pub const ST_BAD_VALUE: u8 = 3;
 pub const ST_ERROR: u8 = 4;
 
+/// Largest request body: a SET of the biggest key and value plus headers. A WAIT for many keys
+/// must fit too, which bounds the number of keys one call can name.
+pub const MAX_REQUEST: usize = MAX_VALUE_LEN + MAX_KEY_LEN + 64;
+/// Largest response body a client accepts: a WAIT may return many values at once.
+pub const MAX_RESPONSE: usize = 1 << 30;
+
+/// The shared part of a hello: magic and version.
 pub fn hello() -> [u8; HELLO_LEN] {
     let mut h = [0u8; HELLO_LEN];
     h[..8].copy_from_slice(&MAGIC);
     h[8..].copy_from_slice(&VERSION.to_be_bytes());
+    h
+}
+
+/// What a client sends: the shared part, then the digest of its job token (0 for none).
+pub fn client_hello(digest: u64) -> [u8; CLIENT_HELLO_LEN] {
+    let mut h = [0u8; CLIENT_HELLO_LEN];
+    h[..HELLO_LEN].copy_from_slice(&hello());
+    h[HELLO_LEN..].copy_from_slice(&digest.to_be_bytes());
     h
 }
 

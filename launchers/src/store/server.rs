@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::apply_add;
 use super::proto::{self, Encoder, Request};
+use crate::token::digest_of;
 
 /// How long a fresh connection may take to send its hello. Real clients send it immediately;
 /// the limit only stops silent stray connections from lingering.
@@ -33,21 +34,40 @@ pub struct TcpStoreServer {
 }
 
 impl TcpStoreServer {
-    /// Listen on `addr` and start serving.
+    /// Listen on `addr` and serve a job without a token.
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
+        Self::bind_with_token(addr, None)
+    }
+
+    /// Listen on `addr` and serve only clients that present `token` (see [`crate::token`]).
+    pub fn bind_with_token(addr: SocketAddr, token: Option<&str>) -> io::Result<Self> {
         let listener = std::net::TcpListener::bind(addr).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("cannot listen on {addr} for the rendezvous store: {e}"),
             )
         })?;
-        Self::from_std_listener(listener)
+        Self::from_std_listener_with_token(listener, token)
+    }
+
+    /// Serve a job without a token on a socket that is already listening. See
+    /// [`Self::from_std_listener_with_token`].
+    pub fn from_std_listener(listener: std::net::TcpListener) -> io::Result<Self> {
+        Self::from_std_listener_with_token(listener, None)
     }
 
     /// Serve on a socket that is already listening, typically one inherited from the local
     /// launcher: it bound the port before starting any rank, so clients that connect before
     /// this server runs wait in the kernel's accept queue instead of being refused.
-    pub fn from_std_listener(listener: std::net::TcpListener) -> io::Result<Self> {
+    ///
+    /// Clients presenting another token (or none, when `token` is set) are told so and
+    /// disconnected, with one line on stderr naming their address, and the server keeps
+    /// serving: a stray rank of another job must not take this job down.
+    pub fn from_std_listener_with_token(
+        listener: std::net::TcpListener,
+        token: Option<&str>,
+    ) -> io::Result<Self> {
+        let digest = digest_of(token);
         let local_addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -62,7 +82,7 @@ impl TcpStoreServer {
         let thread = std::thread::Builder::new()
             .name("busbw-store".into())
             .spawn(move || {
-                rt.block_on(accept_loop(listener, stop_rx));
+                rt.block_on(accept_loop(listener, stop_rx, digest));
                 // Dropping the runtime drops every connection task and so closes every client
                 // socket: clients see the server go away rather than hang.
                 drop(rt);
@@ -125,15 +145,15 @@ impl Shared {
     }
 }
 
-async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>) {
+async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, digest: u64) {
     let shared = Arc::new(Shared::default());
     loop {
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((sock, _peer)) => {
+                Ok((sock, peer)) => {
                     let _ = sock.set_nodelay(true);
-                    tokio::spawn(serve_connection(sock, shared.clone()));
+                    tokio::spawn(serve_connection(sock, peer, shared.clone(), digest));
                 }
                 // Typically EMFILE or a connection reset before accept: neither is fatal to
                 // the server, but retrying at once would spin.
@@ -143,12 +163,17 @@ async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>) {
     }
 }
 
-async fn serve_connection(mut sock: TcpStream, shared: Arc<Shared>) {
+async fn serve_connection(mut sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, digest: u64) {
     // Any error simply ends this connection; the other ranks' connections are unaffected.
-    let _ = serve_inner(&mut sock, &shared).await;
+    let _ = serve_inner(&mut sock, peer, &shared, digest).await;
 }
 
-async fn serve_inner(sock: &mut TcpStream, shared: &Shared) -> io::Result<()> {
+async fn serve_inner(
+    sock: &mut TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    digest: u64,
+) -> io::Result<()> {
     let (mut rd, mut wr) = sock.split();
     let mut hello = [0u8; proto::HELLO_LEN];
     tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello))
@@ -157,11 +182,25 @@ async fn serve_inner(sock: &mut TcpStream, shared: &Shared) -> io::Result<()> {
     let Some(version) = proto::parse_hello(&hello) else {
         return Ok(()); // not a busbw store client
     };
-    // Answer with our version even on mismatch so the client can report both versions.
-    wr.write_all(&proto::hello()).await?;
     if version != proto::VERSION {
+        // Answer with our version so the client can report both; the rest of its hello is in
+        // a format we do not know, so nothing more is read.
+        wr.write_all(&proto::hello()).await?;
         return Ok(());
     }
+    let mut theirs = [0u8; 8];
+    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut theirs))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let mut answer = proto::hello().to_vec();
+    if u64::from_be_bytes(theirs) != digest {
+        eprintln!("busbw: refused a rendezvous connection from {peer}: wrong job token");
+        answer.push(proto::HELLO_WRONG_TOKEN);
+        wr.write_all(&answer).await?;
+        return Ok(());
+    }
+    answer.push(proto::HELLO_OK);
+    wr.write_all(&answer).await?;
     loop {
         let mut len = [0u8; 4];
         match rd.read_exact(&mut len).await {

@@ -164,16 +164,16 @@ fn stray_clients_are_dropped_and_server_keeps_serving() {
 
     // A client that greets correctly and then sends a 4 GiB frame length.
     let mut liar = TcpStream::connect(&addr).unwrap();
-    liar.write_all(&proto::hello()).unwrap();
+    liar.write_all(&proto::client_hello(0)).unwrap();
     liar.set_read_timeout(Some(T)).unwrap();
-    let mut h = [0u8; proto::HELLO_LEN];
+    let mut h = [0u8; proto::HELLO_LEN + 1];
     liar.read_exact(&mut h).unwrap();
     liar.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
     assert_eq!(liar.read(&mut buf).unwrap_or(0), 0);
 
     // A well-framed request with garbage inside gets an error answer, not a crash.
     let mut garbage = TcpStream::connect(&addr).unwrap();
-    garbage.write_all(&proto::hello()).unwrap();
+    garbage.write_all(&proto::client_hello(0)).unwrap();
     garbage.set_read_timeout(Some(T)).unwrap();
     garbage.read_exact(&mut h).unwrap();
     garbage.write_all(&[0, 0, 0, 5, 3, 9, 9, 9, 9]).unwrap();
@@ -199,7 +199,7 @@ fn client_rejects_a_server_that_is_not_a_store() {
     let addr = l.local_addr().unwrap().to_string();
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; proto::HELLO_LEN];
+        let mut b = [0u8; proto::CLIENT_HELLO_LEN];
         s.read_exact(&mut b).unwrap();
         s.write_all(b"HTTP/1.1 400").unwrap();
     });
@@ -241,8 +241,136 @@ fn connect_gives_up_with_a_clear_error() {
         .err()
         .unwrap();
     let msg = e.to_string();
-    assert!(matches!(e, StoreError::Disconnected(_)));
-    assert!(msg.contains("rank 0") && msg.contains(&addr), "{msg}");
+    assert!(matches!(e, StoreError::Refused { .. }), "{e:?}");
+    assert!(
+        msg.contains("connection refused by rank 0") && msg.contains(&addr),
+        "{msg}"
+    );
+    assert!(msg.contains("is the port right?"), "{msg}");
+}
+
+#[test]
+fn a_name_that_never_resolves_is_its_own_failure() {
+    let start = Instant::now();
+    let e = TcpStoreClient::connect("rank0.busbw-test.invalid:29500", Duration::from_millis(300))
+        .err()
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    match &e {
+        StoreError::Unresolved { host, .. } => assert_eq!(host, "rank0.busbw-test.invalid"),
+        other => panic!("{other:?}"),
+    }
+    let msg = e.to_string();
+    assert!(
+        msg.contains("host rank0.busbw-test.invalid never resolved in 0.3 s")
+            && msg.contains("headless service / DNS"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn malformed_addresses_fail_at_once() {
+    for bad in [
+        "no-port",
+        "host:",
+        "host:0",
+        "fd00::1:80",
+        "[fd00::1:80",
+        ":80",
+    ] {
+        let start = Instant::now();
+        let e = TcpStoreClient::connect(bad, T).err().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(1), "{bad}");
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn ipv6_literals_connect() {
+    let Ok(s) = TcpStoreServer::bind("[::1]:0".parse().unwrap()) else {
+        return; // no IPv6 loopback in this sandbox
+    };
+    let c = client(&format!("[::1]:{}", s.local_addr().port()));
+    c.set("k", b"v").unwrap();
+}
+
+#[test]
+fn tokens_admit_the_job_and_refuse_strangers() {
+    let s = TcpStoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some("job-a")).unwrap();
+    let addr = s.local_addr().to_string();
+    let good = TcpStoreClient::connect_with_token(&addr, T, Some("job-a")).unwrap();
+    good.set("k", b"v").unwrap();
+
+    for wrong in [Some("job-b"), None, Some("")] {
+        let start = Instant::now();
+        let e = TcpStoreClient::connect_with_token(&addr, T, wrong)
+            .err()
+            .unwrap();
+        // Refused at once, not retried until the deadline.
+        assert!(start.elapsed() < Duration::from_secs(2), "{wrong:?}");
+        assert!(matches!(e, StoreError::WrongToken { .. }), "{wrong:?}: {e}");
+        assert!(e.to_string().contains(&addr), "{e}");
+    }
+    // The refusals did not disturb the job's own connections, old or new.
+    assert_eq!(good.get("k").unwrap().unwrap(), b"v");
+    let again = TcpStoreClient::connect_with_token(&addr, T, Some("job-a")).unwrap();
+    assert_eq!(again.get("k").unwrap().unwrap(), b"v");
+
+    // A tokened client does not join a job that has none: that is another job too.
+    let (_open, open_addr) = server();
+    let e = TcpStoreClient::connect_with_token(&open_addr, T, Some("job-a"))
+        .err()
+        .unwrap();
+    assert!(matches!(e, StoreError::WrongToken { .. }), "{e}");
+}
+
+#[test]
+fn the_token_is_not_on_the_wire_and_the_digest_is_not_echoed() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; proto::CLIENT_HELLO_LEN];
+        s.read_exact(&mut b).unwrap();
+        b
+    });
+    let _ = TcpStoreClient::connect_with_token(&addr, Duration::from_millis(300), Some("s3cret"));
+    let hello = t.join().unwrap();
+    assert_eq!(&hello[..proto::HELLO_LEN], &proto::hello());
+    assert_eq!(
+        u64::from_be_bytes(hello[proto::HELLO_LEN..].try_into().unwrap()),
+        crate::token::token_digest("s3cret")
+    );
+    assert!(!hello.windows(6).any(|w| w == b"s3cret"));
+
+    // A stranger that greets with a wrong digest learns nothing but the refusal.
+    let s =
+        TcpStoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some("s3cret")).unwrap();
+    let mut raw = TcpStream::connect(s.local_addr()).unwrap();
+    raw.write_all(&proto::client_hello(12345)).unwrap();
+    raw.set_read_timeout(Some(T)).unwrap();
+    let mut answer = Vec::new();
+    raw.read_to_end(&mut answer).unwrap();
+    let mut expected = proto::hello().to_vec();
+    expected.push(proto::HELLO_WRONG_TOKEN);
+    assert_eq!(answer, expected);
+}
+
+#[test]
+fn an_older_client_is_told_the_version() {
+    let (_s, addr) = server();
+    let mut raw = TcpStream::connect(&addr).unwrap();
+    let mut v1 = proto::hello();
+    v1[8..].copy_from_slice(&1u32.to_be_bytes());
+    raw.write_all(&v1).unwrap();
+    raw.set_read_timeout(Some(T)).unwrap();
+    let mut answer = Vec::new();
+    raw.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, proto::hello());
 }
 
 #[test]
@@ -291,4 +419,13 @@ fn oversized_values_are_refused_client_side() {
     assert!(matches!(c.set("big", &big), Err(StoreError::Protocol(_))));
     // The connection is still usable.
     c.set("small", b"ok").unwrap();
+}
+
+#[test]
+fn names_resolve_and_every_address_is_tried() {
+    // `localhost` may resolve to ::1 first, where nothing listens: the next address is tried.
+    let (_s, addr) = server();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let c = client(&format!("localhost:{port}"));
+    c.set("k", b"v").unwrap();
 }

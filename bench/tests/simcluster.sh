@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# simcluster.sh: a simulated cluster of K "nodes" on one Linux host, built from network
+# namespaces, for testing and benchmarking busbw's cluster launch without a cluster.
+#
+#   simcluster.sh up <name> K [--rate RATE]   build cluster <name> with nodes node0..node<K-1>
+#   simcluster.sh exec <name> <i> <cmd...>    run cmd on node i (its network, hostname node<i>)
+#   simcluster.sh kill-node <name> <i>        node i fails: its link goes dark, its processes die
+#   simcluster.sh down <name>                 remove everything of <name> (idempotent)
+#   simcluster.sh addr <name> <i>             print node i's address
+#   simcluster.sh list                        clusters that exist now
+#
+# Layout of cluster <name> (names are unique per cluster, so clusters can coexist):
+#   namespace <name>-sw   the switch: bridge br0 with one port p<i> per node
+#   namespace <name>-n<i> node i: lo, and eth0 (a veth whose peer is p<i>) with address
+#                         10.A.B.(i+1)/24, the /24 derived from <name>
+#   /etc/netns/<name>-n<i>/hosts        node<j> and node<j>.<name> -> 10.A.B.(j+1), for every j
+#   /etc/netns/<name>-n<i>/resolv.conf  no name server outside the node (only loopback)
+#   /etc/netns/<name>-n<i>/hostname     node<i>
+#   With --rate, a full-duplex link of that rate: tbf on eth0 (the node's egress, inside
+#   its namespace) and on p<i> (the switch's egress towards the node).
+# Nothing is created in the root network namespace. Needs root, iproute2 and util-linux.
+set -euo pipefail
+
+PROG=${0##*/}
+die() { echo "$PROG: $*" >&2; exit 1; }
+usage() { sed -n '2,11s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+
+check_name() {
+    [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
+        die "cluster name '$1' must be 1-40 characters of [a-z0-9-], starting alnum"
+}
+check_index() { [[ $1 =~ ^[0-9]+$ ]] || die "node index '$1' is not a number"; }
+
+sw_ns() { echo "$1-sw"; }
+node_ns() { echo "$1-n$2"; }
+
+# The /24 of a cluster: 10.A.B.0 from a checksum of its name (A in 200..249).
+subnet() {
+    local h
+    h=$(printf '%s' "$1" | cksum | cut -d' ' -f1)
+    echo "10.$((200 + h % 50)).$(((h / 50) % 256))"
+}
+
+# The namespaces of cluster $1 that exist now (switch last).
+cluster_namespaces() {
+    local name=$1 ns all
+    all=$(ip netns list 2>/dev/null | cut -d' ' -f1) || true
+    for ns in $all; do
+        if [[ $ns =~ ^${name}-n[0-9]+$ ]]; then echo "$ns"; fi
+    done
+    for ns in $all; do
+        if [[ $ns == "$(sw_ns "$name")" ]]; then echo "$ns"; fi
+    done
+}
+
+# Kill every process whose network namespace is $1 (SIGKILL: a node failure, or cleanup).
+kill_ns_procs() {
+    local pids
+    pids=$(ip netns pids "$1" 2>/dev/null || true)
+    [[ -n $pids ]] || return 0
+    # shellcheck disable=SC2086
+    kill -9 $pids 2>/dev/null || true
+    local n=0
+    while [[ -n $(ip netns pids "$1" 2>/dev/null || true) ]] && ((n < 50)); do
+        sleep 0.1
+        n=$((n + 1))
+    done
+}
+
+cmd_down() {
+    local name=$1 ns
+    check_name "$name"
+    for ns in $(cluster_namespaces "$name"); do
+        kill_ns_procs "$ns"
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    # /etc/netns entries of nodes (and of namespaces already gone).
+    local d
+    for d in /etc/netns/"$name"-n*; do
+        if [[ -d $d && ${d##*/} =~ ^${name}-n[0-9]+$ ]]; then rm -rf -- "$d"; fi
+    done
+    rm -f "/run/simcluster/$name.env"
+    # /etc/netns and /run/simcluster stay (empty): removing them would race with an `up` of
+    # another cluster running at the same time.
+    return 0
+}
+
+# tbf for RATE on device $2 in namespace $1. The bucket holds ~4 ms of traffic (at least
+# 64 KiB so a full GSO packet fits), the queue ~20 ms.
+shape() {
+    local ns=$1 dev=$2 rate=$3
+    ip -n "$ns" link set "$dev" txqueuelen 1000
+    tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst "$BURST" latency 20ms
+}
+
+# RATE (tc syntax) in bits/s, for sizing the bucket.
+rate_bits() {
+    local r=${1,,} n unit
+    [[ $r =~ ^([0-9]+)([kmgt]?)(bit|bps)$ ]] || die "rate '$1': use e.g. 1gbit, 500mbit"
+    n=${BASH_REMATCH[1]}
+    unit=${BASH_REMATCH[2]}
+    case $unit in k) n=$((n * 1000)) ;; m) n=$((n * 1000000)) ;; g) n=$((n * 1000000000)) ;;
+        t) n=$((n * 1000000000000)) ;; esac
+    [[ ${BASH_REMATCH[3]} == bps ]] && n=$((n * 8))
+    echo "$n"
+}
+
+cmd_up() {
+    local name=$1 k=$2
+    shift 2
+    local rate=""
+    while (($#)); do
+        case $1 in
+        --rate) rate=${2:?--rate needs a value}; shift 2 ;;
+        --rate=*) rate=${1#--rate=}; shift ;;
+        *) die "up: unknown option '$1'" ;;
+        esac
+    done
+    check_name "$name"
+    [[ $k =~ ^[0-9]+$ ]] && ((k >= 1 && k <= 200)) || die "up: K must be 1..200, got '$k'"
+    [[ $EUID -eq 0 ]] || die "needs root (network namespaces)"
+    command -v unshare >/dev/null || die "needs unshare (util-linux)"
+    if [[ -n $rate ]]; then
+        local bits
+        bits=$(rate_bits "$rate")
+        BURST=$((bits / 8 / 250))
+        ((BURST >= 65536)) || BURST=65536
+    fi
+    [[ -z $(cluster_namespaces "$name") ]] || die "cluster '$name' exists; run: $PROG down $name"
+
+    # Whatever fails from here on, leave nothing behind.
+    # shellcheck disable=SC2064 # $name is checked: [a-z0-9-] only
+    trap "rc=\$?; if ((rc != 0)); then echo \"$PROG: up $name failed, cleaning up\" >&2; cmd_down $name; fi" EXIT
+    trap 'exit 130' INT TERM
+
+    local net sw i ns
+    net=$(subnet "$name")
+    sw=$(sw_ns "$name")
+    ip netns add "$sw"
+    ip -n "$sw" link set lo up
+    ip -n "$sw" link add br0 type bridge
+    ip -n "$sw" link set br0 up
+
+    local hosts
+    hosts=$(
+        printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+        for ((i = 0; i < k; i++)); do
+            printf '%s.%d\tnode%d.%s node%d\n' "$net" $((i + 1)) "$i" "$name" "$i"
+        done
+    )
+    for ((i = 0; i < k; i++)); do
+        ns=$(node_ns "$name" "$i")
+        mkdir -p "/etc/netns/$ns"
+        printf '%s\n' "$hosts" >"/etc/netns/$ns/hosts"
+        printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"/etc/netns/$ns/resolv.conf"
+        echo "node$i" >"/etc/netns/$ns/hostname"
+        ip netns add "$ns"
+        ip -n "$ns" link set lo up
+        ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$sw"
+        ip -n "$ns" addr add "$net.$((i + 1))/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$sw" link set "p$i" master br0
+        ip -n "$sw" link set "p$i" up
+        if [[ -n $rate ]]; then
+            shape "$ns" eth0 "$rate"
+            shape "$sw" "p$i" "$rate"
+        fi
+    done
+    mkdir -p /run/simcluster
+    printf 'K=%d\nSUBNET=%s.0/24\nRATE=%s\n' "$k" "$net" "$rate" >"/run/simcluster/$name.env"
+    trap - EXIT INT TERM
+    echo "cluster $name: $k nodes node0..node$((k - 1)) on $net.0/24${rate:+, links shaped to $rate}"
+}
+
+node_exists() {
+    [[ -e /run/netns/$(node_ns "$1" "$2") ]] || die "no node $2 in cluster '$1'"
+}
+
+cmd_exec() {
+    local name=$1 i=$2
+    shift 2
+    check_name "$name"
+    check_index "$i"
+    (($#)) || die "exec: no command"
+    node_exists "$name" "$i"
+    # ip netns exec: the node's network and its /etc/netns files (hosts, resolv.conf);
+    # unshare --uts: its own hostname. Both exec, so the command keeps this process's pid.
+    exec ip netns exec "$(node_ns "$name" "$i")" \
+        unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$i" "$@"
+}
+
+cmd_kill_node() {
+    local name=$1 i=$2 ns
+    check_name "$name"
+    check_index "$i"
+    ns=$(node_ns "$name" "$i")
+    # The link goes dark first, so the dying processes can send no FIN or RST: the others
+    # see a silent peer, as when a machine loses power.
+    ip -n "$(sw_ns "$name")" link del "p$i" 2>/dev/null || true
+    ip -n "$ns" link del eth0 2>/dev/null || true
+    kill_ns_procs "$ns"
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf -- "/etc/netns/$ns"
+}
+
+cmd_addr() {
+    check_name "$1"
+    check_index "$2"
+    echo "$(subnet "$1").$(($2 + 1))"
+}
+
+cmd_list() {
+    local ns
+    for ns in $(ip netns list 2>/dev/null | cut -d' ' -f1); do
+        if [[ $ns == *-sw ]]; then echo "${ns%-sw}"; fi
+    done
+}
+
+(($#)) || usage
+cmd=$1
+shift
+case $cmd in
+up) (($# >= 2)) || usage; cmd_up "$@" ;;
+down) (($# == 1)) || usage; cmd_down "$1" ;;
+exec) (($# >= 3)) || usage; cmd_exec "$@" ;;
+kill-node) (($# == 2)) || usage; cmd_kill_node "$1" "$2" ;;
+addr) (($# == 2)) || usage; cmd_addr "$1" "$2" ;;
+list) cmd_list ;;
+-h | --help | help) usage ;;
+*) usage ;;
+esac
