@@ -7,7 +7,7 @@
 # iperf3's goodput. For a ring AllReduce, busbw is what each link carries, so the ideal is
 # the link's goodput. Always tears the cluster down. Needs root.
 #
-#   bench/scripts/cluster_bw.sh [--nodes 4] [--rate 1gbit] [--min 32M] [--max 256M]
+#   bench/scripts/cluster_bw.sh [--nodes 4] [--rate 1gbit] [--mtu 1500] [--min 32M] [--max 256M]
 #                               [--iters 3] [--no-build] [-- extra busbw flags]
 #
 # BUSBW=/path/to/busbw skips the build and runs that binary.
@@ -17,6 +17,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SIM="$ROOT/bench/tests/simcluster.sh"
 NODES=4
 RATE=1gbit
+MTU=1500
 MIN=32M
 MAX=256M
 ITERS=3
@@ -26,6 +27,7 @@ while (($#)); do
     case $1 in
     --nodes) NODES=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
+    --mtu) MTU=$2; shift 2 ;;
     --min) MIN=$2; shift 2 ;;
     --max) MAX=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
@@ -86,7 +88,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-bash "$SIM" up "$NAME" "$NODES" --rate "$RATE" >&2
+bash "$SIM" up "$NAME" "$NODES" --rate "$RATE" --mtu "$MTU" >&2
 node() { local i=$1; shift; bash "$SIM" exec "$NAME" "$i" "$@"; }
 
 # The link reference: one TCP stream node0 -> node1 for 5 s.

@@ -2,7 +2,7 @@
 # simcluster.sh: a simulated cluster of K "nodes" on one Linux host, built from network
 # namespaces, for testing and benchmarking busbw's cluster launch without a cluster.
 #
-#   simcluster.sh up <name> K [--rate RATE]   build cluster <name> with nodes node0..node<K-1>
+#   simcluster.sh up <name> K [--rate RATE] [--mtu N]   build cluster <name> with nodes node0..node<K-1>
 #   simcluster.sh exec <name> <i> <cmd...>    run cmd on node i (its network, hostname node<i>)
 #   simcluster.sh kill-node <name> <i>        node i fails: its link goes dark, its processes die
 #   simcluster.sh down <name>                 remove everything of <name> (idempotent)
@@ -70,6 +70,7 @@ kill_ns_procs() {
 cmd_down() {
     local name=$1 ns
     check_name "$name"
+    [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 1280 && mtu <= 65535)) || die "up: --mtu must be 1280..65535, got '$mtu'"
     for ns in $(cluster_namespaces "$name"); do
         kill_ns_procs "$ns"
         ip netns del "$ns" 2>/dev/null || true
@@ -108,11 +109,13 @@ rate_bits() {
 cmd_up() {
     local name=$1 k=$2
     shift 2
-    local rate=""
+    local rate="" mtu=1500
     while (($#)); do
         case $1 in
         --rate) rate=${2:?--rate needs a value}; shift 2 ;;
         --rate=*) rate=${1#--rate=}; shift ;;
+        --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
+        --mtu=*) mtu=${1#--mtu=}; shift ;;
         *) die "up: unknown option '$1'" ;;
         esac
     done
@@ -139,7 +142,7 @@ cmd_up() {
     ip netns add "$sw"
     ip -n "$sw" link set lo up
     ip -n "$sw" link add br0 type bridge
-    ip -n "$sw" link set br0 up
+    ip -n "$sw" link set br0 mtu "$mtu" up
 
     local hosts
     hosts=$(
@@ -156,7 +159,7 @@ cmd_up() {
         echo "node$i" >"/etc/netns/$ns/hostname"
         ip netns add "$ns"
         ip -n "$ns" link set lo up
-        ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$sw"
+        ip -n "$ns" link add eth0 mtu "$mtu" type veth peer name "p$i" mtu "$mtu" netns "$sw"
         ip -n "$ns" addr add "$net.$((i + 1))/24" dev eth0
         ip -n "$ns" link set eth0 up
         ip -n "$sw" link set "p$i" master br0
