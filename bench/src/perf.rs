@@ -244,6 +244,17 @@ fn is_abort(e: &anyhow::Error) -> bool {
 }
 
 fn run_rank(world: World, plan: &Plan, args: &PerfArgs) -> i32 {
+    if let Some(spec) = &args.socket_ifname {
+        // Checked before joining, so that a typo is a usage error on the host that has it
+        // rather than a peer failure everywhere else.
+        if let Err(msg) = busbw_transports::iface::select(spec) {
+            eprintln!(
+                "busbw: rank {} on {}: error: --socket-ifname / NCCL_SOCKET_IFNAME: {msg}",
+                world.rank, world.hostname
+            );
+            return exit::USAGE;
+        }
+    }
     let rank = world.rank;
     let host = world.hostname.clone();
     let session = if world.size == 1 && world.master_addr.is_empty() {

@@ -780,3 +780,44 @@ fn all_reduce_tree_and_auto() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("bogus"));
 }
+
+/// Data connections follow --socket-ifname / NCCL_SOCKET_IFNAME; an interface this host lacks
+/// is a usage error that names what exists.
+#[test]
+fn socket_ifname_selects_or_explains() {
+    let out = run(&[
+        "all_reduce_perf",
+        "--np",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "--socket-ifname",
+        "=lo",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = busbw()
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "1",
+        ])
+        .env("NCCL_SOCKET_IFNAME", "=nosuchif9")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("nosuchif9") && stderr.contains("lo"),
+        "{stderr}"
+    );
+}

@@ -119,7 +119,12 @@ pub fn interfaces() -> io::Result<Vec<Interface>> {
 pub fn select(spec: &str) -> Result<Interface, String> {
     let filter = IfaceFilter::parse(spec)?;
     let all = interfaces().map_err(|e| format!("cannot list network interfaces: {e}"))?;
-    let names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+    let mut names: Vec<&str> = Vec::new();
+    for i in &all {
+        if !names.contains(&i.name.as_str()) {
+            names.push(&i.name);
+        }
+    }
     all.iter()
         .find(|i| filter.matches(&i.name))
         .cloned()
