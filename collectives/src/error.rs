@@ -33,6 +33,20 @@ pub enum CommError {
 }
 
 impl CommError {
+    /// A message of the wrong length: the ranks were started with different sizes or are out
+    /// of step. Every algorithm reports it the same way.
+    pub(crate) fn short_message(
+        rank: usize,
+        what: &str,
+        peer: usize,
+        got: usize,
+        want: usize,
+    ) -> Self {
+        CommError::Invalid(format!(
+            "rank {rank}: {what}: rank {peer} sent {got} bytes where {want} were expected (ranks disagree about the count)"
+        ))
+    }
+
     /// The peer rank the failure points at, if any.
     pub fn peer(&self) -> Option<usize> {
         match self {

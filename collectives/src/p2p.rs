@@ -92,6 +92,8 @@ pub(crate) unsafe fn exchange(
             }
         }
         let mut waiter = Waiter::new();
+        // Reused across idle passes: the wait loop must not allocate.
+        let mut fds: Vec<Option<Readiness>> = Vec::with_capacity(16);
         while !pending.is_empty() {
             let before = pending.len();
             let mut failure = None;
@@ -100,13 +102,15 @@ pub(crate) unsafe fn exchange(
                     return true;
                 }
                 let done = match *p {
-                    Pending::Send(i, id) => sends[i].1.test(id).map_err(err(sends[i].0, "sending to")),
+                    Pending::Send(i, id) => {
+                        sends[i].1.test(id).map_err(err(sends[i].0, "sending to"))
+                    }
                     Pending::Recv(i, id, len) => {
                         let peer = recvs[i].0;
                         match recvs[i].1.test(id).map_err(err(peer, "receiving from")) {
-                            Ok(Some(got)) if got != len => Err(CommError::Invalid(format!(
-                                "rank {r}: {name}: rank {peer} sent {got} bytes where {len} were expected (ranks disagree about the count)"
-                            ))),
+                            Ok(Some(got)) if got != len => {
+                                Err(CommError::short_message(r, name, peer, got, len))
+                            }
                             other => other,
                         }
                     }
@@ -127,7 +131,7 @@ pub(crate) unsafe fn exchange(
                 waiter.progressed();
                 continue;
             }
-            let mut fds: Vec<Option<Readiness>> = Vec::with_capacity(pending.len().min(16));
+            fds.clear();
             for p in pending.iter().take(16) {
                 fds.push(match *p {
                     Pending::Send(i, _) => sends[i].1.readiness_fd().map(Readiness::Writable),

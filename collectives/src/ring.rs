@@ -520,10 +520,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
                 let Some(got) = got else { break };
                 let (off, len) = ch.segment(recv_chunk(p.t), p.k);
                 if got != len * esize {
-                    return Err(CommError::Invalid(format!(
-                        "rank {r}: {name}: rank {left} sent {got} bytes where {} were expected (ranks disagree about the count)",
-                        len * esize
-                    )));
+                    return Err(CommError::short_message(r, name, left, got, len * esize));
                 }
                 if plan.reduces(p.t) {
                     let out_p = plan.reduce_out(p.t, off);

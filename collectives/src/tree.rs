@@ -472,10 +472,13 @@ impl<T: Element> Ctx<'_, T> {
 
     fn check_len(&self, peer: usize, got: usize, want: usize) -> Result<(), CommError> {
         if got != want {
-            return Err(CommError::Invalid(format!(
-                "rank {}: tree_all_reduce: rank {peer} sent {got} bytes where {want} were expected (ranks disagree about the count)",
-                self.r
-            )));
+            return Err(CommError::short_message(
+                self.r,
+                "tree_all_reduce",
+                peer,
+                got,
+                want,
+            ));
         }
         Ok(())
     }
