@@ -15,6 +15,7 @@ mod abort;
 mod error;
 pub mod iface;
 pub mod inproc;
+pub mod multi;
 mod slots;
 pub mod tcp;
 
