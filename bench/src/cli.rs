@@ -249,6 +249,10 @@ pub struct PerfArgs {
     /// Say what the launcher detection found (stderr).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Data transport: auto (shared memory to ranks on the same host, TCP to the others),
+    /// tcp, or shm (same-host jobs only).
+    #[arg(long = "transport", env = "BUSBW_TRANSPORT", default_value = "auto", value_parser = ["auto", "tcp", "shm"])]
+    pub transport: String,
     /// Spawn this many local ranks on 127.0.0.1 (1: run in this process).
     #[arg(long = "np", default_value_t = 1)]
     pub np: usize,

@@ -36,6 +36,8 @@ pub struct Plan {
     pub root: i64,
     /// AllReduce algorithm (collectives without a choice ignore it).
     pub algo: Algo,
+    /// `--transport`: auto, tcp or shm.
+    pub transport: String,
     pub average: Average,
     /// 0: repeat until interrupted.
     pub cycles: u32,
@@ -128,6 +130,7 @@ impl Plan {
             ops,
             root: a.root,
             algo: if spec.algos { a.algo } else { Algo::Ring },
+            transport: a.transport.clone(),
             average,
             cycles: a.run_cycles,
             timeout,
@@ -155,7 +158,7 @@ impl Plan {
     /// different flags (or binaries) fail at once instead of deadlocking mid-sweep.
     pub fn fingerprint(&self) -> String {
         format!(
-            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {:?} {}",
+            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {} {:?} {}",
             env!("CARGO_PKG_VERSION"),
             self.spec,
             self.min_bytes,
@@ -169,6 +172,7 @@ impl Plan {
             self.ops,
             self.root,
             self.algo,
+            self.transport,
             self.average,
             self.cycles
         )

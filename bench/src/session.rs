@@ -9,6 +9,8 @@ use busbw_launchers::{
 };
 use busbw_reports::DeviceInfo;
 use busbw_transports::inproc::InprocTransport;
+use busbw_transports::multi::{node_identity, Member, MultiTransport};
+use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
 use busbw_transports::{Abort, Handle, Identity, Transport};
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
@@ -161,24 +163,53 @@ impl Session {
             ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
 
         let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
-        let transport = TcpTransport::new(
-            Identity {
-                job,
-                rank: rank as u32,
-            },
-            TcpConfig {
-                bind,
-                advertise,
-                ..TcpConfig::default()
-            },
-        );
+        let identity = Identity {
+            job,
+            rank: rank as u32,
+        };
+        let tcp = || -> Box<dyn Transport> {
+            Box::new(TcpTransport::new(
+                identity,
+                TcpConfig {
+                    bind,
+                    advertise,
+                    ..TcpConfig::default()
+                },
+            ))
+        };
+        let shm = || Member {
+            transport: Box::new(ShmTransport::new(identity, ShmConfig::default())),
+            same_node_only: true,
+        };
+        let tcp_only = tcp();
+        let node = node_identity(&world.hostname);
+        // Kept unboxed until the routes are known: it says which member reaches each peer.
+        let multi = match plan.transport.as_str() {
+            "tcp" => None,
+            "shm" => Some(MultiTransport::new(vec![shm()], node.clone())?),
+            _ => Some(MultiTransport::new(
+                vec![
+                    shm(),
+                    Member {
+                        transport: tcp(),
+                        same_node_only: false,
+                    },
+                ],
+                node.clone(),
+            )?),
+        };
+        let transport: &dyn Transport = match &multi {
+            Some(m) => m,
+            None => &*tcp_only,
+        };
         let (handle, listener) = transport.listen().context("opening the data listener")?;
         store.set(&format!("handle/{rank}"), &handle.0)?;
         let info = format!(
-            "{}\t{}\t{}",
+            "{}\t{}\t{}\t{}",
             world.hostname,
             std::process::id(),
-            world.local_rank
+            world.local_rank,
+            node
         );
         store.set(&format!("info/{rank}"), info.as_bytes())?;
 
@@ -205,7 +236,7 @@ impl Session {
         }
 
         let handle_keys = all("handle");
-        let handles = store
+        let handles: Vec<Handle> = store
             .wait(
                 &handle_keys.iter().map(String::as_str).collect::<Vec<_>>(),
                 timeout,
@@ -223,16 +254,51 @@ impl Session {
             &info_keys.iter().map(String::as_str).collect::<Vec<_>>(),
             timeout,
         )?;
+        // The transports this rank reaches its peers with, for its device line.
+        let mut routes: Vec<&str> = Vec::new();
+        for (r, h) in handles.iter().enumerate() {
+            if r == rank {
+                continue;
+            }
+            let name = match &multi {
+                Some(m) => m.route(h).with_context(|| {
+                    format!(
+                        "rank {r} cannot be reached with --transport {}",
+                        plan.transport
+                    )
+                })?,
+                None => "tcp",
+            };
+            if !routes.contains(&name) {
+                routes.push(name);
+            }
+        }
+        // In priority order (shared memory first), whatever order the peers came in.
+        routes.sort_by_key(|n| ["shm", "tcp"].iter().position(|p| p == n));
+        store.set(&format!("route/{rank}"), routes.join("+").as_bytes())?;
+        let route_keys = all("route");
+        let route_names = store.wait(
+            &route_keys.iter().map(String::as_str).collect::<Vec<_>>(),
+            timeout,
+        )?;
         let mut devices = Vec::new();
+        let mut node_ids = Vec::new();
         for (r, raw) in infos.iter().enumerate() {
             let text = String::from_utf8_lossy(raw);
             let mut f = text.split('\t');
             let host = f.next().unwrap_or("?").to_string();
             let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            devices.push(device_info(r, pid, &host, local, "tcp"));
+            node_ids.push(f.next().unwrap_or(&host).to_string());
+            let via = String::from_utf8_lossy(&route_names[r]).into_owned();
+            let via = if via.is_empty() {
+                "tcp".to_string()
+            } else {
+                via
+            };
+            devices.push(device_info(r, pid, &host, local, &via));
         }
-        let nodes = node_map(devices.iter().map(|d| d.hostname.as_str()));
+        let nodes = node_map(node_ids.iter().map(String::as_str));
         if rank != 0 {
             devices.clear();
         }
@@ -240,7 +306,10 @@ impl Session {
         let abort = Abort::new();
         rdv.watch_abort(abort.clone())?;
         let mut comm = Communicator::new(
-            Box::new(transport),
+            match multi {
+                Some(m) => Box::new(m),
+                None => tcp_only,
+            },
             listener,
             handles,
             comm_config(plan, &abort),

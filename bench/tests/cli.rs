@@ -190,7 +190,7 @@ fn table_format_is_nccl_tests() {
         assert!(line.starts_with(&prefix), "{line}");
         assert!(
             line.contains(&format!(
-                " on {host:>10} device {r:>2} [0000:00:00] host memory via tcp"
+                " on {host:>10} device {r:>2} [0000:00:00] host memory via shm"
             )),
             "{line}"
         );
@@ -820,4 +820,60 @@ fn socket_ifname_selects_or_explains() {
         stderr.contains("nosuchif9") && stderr.contains("lo"),
         "{stderr}"
     );
+}
+
+/// Every collective over each transport: shared memory, TCP, and `--transport shm` (which
+/// must refuse nothing on one host).
+#[test]
+fn every_subcommand_over_each_transport() {
+    let colls = [
+        "all_reduce",
+        "all_gather",
+        "broadcast",
+        "reduce_scatter",
+        "reduce",
+        "alltoall",
+        "scatter",
+        "gather",
+        "sendrecv",
+    ];
+    for transport in ["tcp", "shm", "auto"] {
+        for coll in colls {
+            let program = format!("{coll}_perf");
+            let out = run(&[
+                &program,
+                "--np",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "64K",
+                "-f",
+                "16",
+                "-n",
+                "1",
+                "-r",
+                "-1",
+                "--transport",
+                transport,
+            ]);
+            let stdout = text(&out.stdout);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{coll} over {transport}\n{stdout}\n{}",
+                text(&out.stderr)
+            );
+            let via = if transport == "tcp" { "tcp" } else { "shm" };
+            assert!(
+                stdout.contains(&format!("host memory via {via}\n")),
+                "{stdout}"
+            );
+            for r in rows(&stdout) {
+                assert_eq!(r.oop_wrong, "0", "{coll} over {transport}\n{stdout}");
+                let ip = if coll == "alltoall" { "N/A" } else { "0" };
+                assert_eq!(r.ip_wrong, ip, "{coll} over {transport}\n{stdout}");
+            }
+        }
+    }
 }

@@ -541,8 +541,14 @@ fn check_table(coll: &str, stdout: &str, world: usize, nproc: usize, sizes: &[u6
         assert!(f.len() >= 11, "{line}");
         let pid = f[6];
         let (host, dev) = (format!("node{}", r / nproc), r % nproc);
+        // Shared memory to the ranks of the same node, TCP to the other nodes.
+        let via = match (nproc > 1, world > nproc) {
+            (true, true) => "shm+tcp",
+            (true, false) => "shm",
+            _ => "tcp",
+        };
         let want = format!(
-            "#  Rank {r:>2} Group  0 Pid {pid:>6} on {host:>10} device {dev:>2} [0000:00:00] host memory via tcp"
+            "#  Rank {r:>2} Group  0 Pid {pid:>6} on {host:>10} device {dev:>2} [0000:00:00] host memory via {via}"
         );
         assert_eq!(*line, want, "device line of rank {r}\n{ctx}");
     }

@@ -16,6 +16,7 @@ mod error;
 pub mod iface;
 pub mod inproc;
 pub mod multi;
+pub mod shm;
 mod slots;
 pub mod tcp;
 

@@ -43,9 +43,16 @@ impl MultiTransport {
 
     /// Name of the transport a connection to `handle` would use (for reports).
     pub fn route(&self, handle: &Handle) -> Result<&'static str> {
+        Ok(self.members[self.route_index(handle)?]
+            .transport
+            .properties()
+            .name)
+    }
+
+    /// Index (in priority order) of the member a connection to `handle` would use.
+    pub fn route_index(&self, handle: &Handle) -> Result<usize> {
         let (node, subs) = decode(handle)?;
-        let i = self.pick(&node, &subs, 0)?;
-        Ok(self.members[i].transport.properties().name)
+        self.pick(&node, &subs, u32::MAX)
     }
 
     fn pick(&self, node: &str, subs: &[Option<Handle>], peer: u32) -> Result<usize> {

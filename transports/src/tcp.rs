@@ -21,6 +21,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+/// How long an accepted connection may take to send its hello.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
 const HELLO_MAGIC: u64 = 0x6275_7362_775f_7463; // "busbw_tc"
 const PROTOCOL_VERSION: u32 = 1;
 const HELLO_LEN: usize = 32;
@@ -234,14 +236,11 @@ struct TcpListenerComm {
 impl TcpListenerComm {
     /// Reads and checks the hello frame, returning the peer's (rank, channel), or why the
     /// connection is not one of ours.
-    fn handshake(
-        &self,
-        stream: &TcpStream,
-        deadline: Instant,
-    ) -> io::Result<Result<(u32, u32), String>> {
-        let wait = remaining(deadline)
-            .unwrap_or(Duration::from_millis(1))
-            .min(Duration::from_secs(5));
+    fn handshake(&self, stream: &TcpStream) -> io::Result<Result<(u32, u32), String>> {
+        // Independent of the accept deadline: a caller polling accept in short slices (the
+        // multi-transport) must not refuse a peer whose hello is a few milliseconds late
+        // on a loaded host. A stranger that never speaks costs at most this long.
+        let wait = HELLO_WAIT;
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(wait))?;
         let mut hello = [0u8; HELLO_LEN];
@@ -317,7 +316,7 @@ impl Listener for TcpListenerComm {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let refused = match self.handshake(&stream, deadline) {
+            let refused = match self.handshake(&stream) {
                 Ok(Ok((peer, channel))) => Ok((peer, channel)),
                 Ok(Err(why)) => Err(why),
                 Err(e) => Err(e.to_string()),

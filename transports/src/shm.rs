@@ -1,0 +1,987 @@
+//! Shared-memory transport for ranks on the same host.
+//!
+//! Each connection (one direction, one channel) owns a memfd segment: a control page with the
+//! ring's counters followed by a single-producer single-consumer byte ring (4 MiB by default).
+//! The connector creates and seals the memfd and hands it to the listener over a unix-domain
+//! socket (abstract namespace) with `SCM_RIGHTS`, together with a hello frame (magic, protocol
+//! version, job token, rank, channel, ring size) so that strangers are refused as on TCP. The
+//! memfd has no name in any file system: it disappears when both ends have unmapped it, so a
+//! crashed job leaves nothing behind in `/dev/shm`.
+//!
+//! The ring carries the same stream as the TCP transport: a 16-byte header (magic, tag, length)
+//! per message followed by its payload, copied in by the sender and out by the receiver in
+//! chunks so that both sides work at once on a large message. `head` (consumer) and `tail`
+//! (producer) are free-running byte counters on their own cache lines, published with Release
+//! and read with Acquire; each side caches the other's counter and only rereads it when it
+//! runs out of data or space.
+//!
+//! Liveness: a side that drops its comm raises its `closed` flag in the segment, which the peer
+//! sees at once; a side that dies without dropping (killed, crashed) is noticed through the
+//! unix socket, which stays open for the connection's lifetime and hangs up when the process
+//! goes away. The socket carries no data after the hello, so [`SendComm::readiness_fd`] and
+//! [`RecvComm::readiness_fd`] return `None`: waiters spin, yield and sleep briefly instead.
+
+use crate::slots::Slots;
+use crate::{
+    Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
+    SendComm, Transport, TransportError,
+};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long an accepted connection may take to send its hello.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+const HELLO_MAGIC: u64 = 0x6275_7362_775f_7368; // "busbw_sh"
+const PROTOCOL_VERSION: u32 = 1;
+const HELLO_LEN: usize = 40;
+const SEGMENT_MAGIC: u64 = 0x6275_7362_775f_7367; // "busbw_sg"
+const MSG_MAGIC: u32 = 0xb05b_5e11;
+const HEADER_LEN: usize = 16;
+const HANDLE_PREFIX: &str = "busbw-shm/1";
+/// The control page in front of the ring.
+const CONTROL_BYTES: usize = 4096;
+/// Largest piece copied before the counter is published, so the peer starts on it early.
+const CHUNK: usize = 256 << 10;
+/// A stalled side looks at the unix socket once per this many stalled progress calls.
+const LIVENESS_EVERY: u32 = 64;
+const MIN_RING: usize = 4096;
+const MAX_RING: usize = 1 << 32;
+
+/// Tunables for [`ShmTransport`].
+#[derive(Clone, Debug)]
+pub struct ShmConfig {
+    /// Ring size in bytes per connection (a power of two, at least 4 KiB). The connector's
+    /// value is used.
+    pub ring_bytes: usize,
+    /// Requests that may be in flight on one comm.
+    pub max_requests: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            ring_bytes: 4 << 20,
+            max_requests: 256,
+        }
+    }
+}
+
+/// Shared-memory transport for one rank. Only peers on the same host (and in the same network
+/// namespace, which scopes abstract unix sockets) can connect.
+#[derive(Debug)]
+pub struct ShmTransport {
+    identity: Identity,
+    config: ShmConfig,
+}
+
+impl ShmTransport {
+    /// Panics if `config.ring_bytes` is not a power of two in 4 KiB ..= 4 GiB.
+    pub fn new(identity: Identity, config: ShmConfig) -> Self {
+        assert!(
+            valid_ring(config.ring_bytes),
+            "shm ring size {} is not a power of two in {MIN_RING}..={MAX_RING}",
+            config.ring_bytes
+        );
+        ShmTransport { identity, config }
+    }
+}
+
+fn valid_ring(n: usize) -> bool {
+    n.is_power_of_two() && (MIN_RING..=MAX_RING).contains(&n)
+}
+
+/// Parses `busbw-shm/1 rank=<r> pid=<pid> sock=@<abstract name>`.
+fn parse_handle(handle: &Handle) -> Result<(u32, String)> {
+    let text = std::str::from_utf8(&handle.0)
+        .map_err(|_| TransportError::BadHandle("not UTF-8 (not an shm handle?)".into()))?;
+    let mut parts = text.split_whitespace();
+    if parts.next() != Some(HANDLE_PREFIX) {
+        return Err(TransportError::BadHandle(format!(
+            "{text:?} is not a {HANDLE_PREFIX} handle"
+        )));
+    }
+    let mut rank = None;
+    let mut sock = None;
+    for p in parts {
+        if let Some(v) = p.strip_prefix("rank=") {
+            rank = v.parse::<u32>().ok();
+        } else if let Some(v) = p.strip_prefix("sock=@") {
+            sock = Some(v.to_string()).filter(|s| !s.is_empty() && s.len() < 100);
+        }
+    }
+    match (rank, sock) {
+        (Some(r), Some(s)) => Ok((r, s)),
+        _ => Err(TransportError::BadHandle(format!(
+            "{text:?} lacks a valid rank= or sock=@"
+        ))),
+    }
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+fn poll_fd(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: pfd is a valid pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(if rc > 0 { pfd.revents } else { 0 })
+}
+
+/// Whether the peer behind `sock` has gone away. Nothing is sent on the socket after the
+/// hello, so anything readable is the end of the stream.
+fn hung_up(sock: RawFd) -> bool {
+    let ev = libc::POLLIN | libc::POLLRDHUP;
+    match poll_fd(sock, ev, Duration::ZERO) {
+        Ok(r) => r & (ev | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+        Err(_) => true,
+    }
+}
+
+/// The segment's first page. Counters sit 128 bytes apart (two lines: the adjacent-line
+/// prefetcher pairs lines) so that producer and consumer never write the same line.
+#[repr(C)]
+struct Control {
+    magic: u64,
+    ring_bytes: u64,
+    sender_closed: AtomicU32,
+    receiver_closed: AtomicU32,
+    _pad0: [u8; 128 - 24],
+    /// Bytes ever written by the sender.
+    tail: AtomicU64,
+    _pad1: [u8; 120],
+    /// Bytes ever consumed by the receiver.
+    head: AtomicU64,
+    _pad2: [u8; 120],
+}
+
+const _: () = assert!(std::mem::size_of::<Control>() <= CONTROL_BYTES);
+
+/// One mapping of a connection's segment.
+struct Segment {
+    base: *mut u8,
+    map_len: usize,
+    size: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; all cross-side access goes
+// through the atomics in `Control` and the SPSC protocol.
+unsafe impl Send for Segment {}
+
+impl Segment {
+    fn map(fd: &OwnedFd, ring_bytes: usize) -> io::Result<Segment> {
+        let map_len = CONTROL_BYTES + ring_bytes;
+        // SAFETY: a fresh shared mapping of a descriptor we hold; checked for failure.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Segment {
+            base: base as *mut u8,
+            map_len,
+            size: ring_bytes,
+        })
+    }
+
+    fn ctl(&self) -> &Control {
+        // SAFETY: the mapping starts with a page-aligned Control and lives as long as self.
+        unsafe { &*(self.base as *const Control) }
+    }
+
+    fn ring(&self) -> *mut u8 {
+        // SAFETY: the ring follows the control page inside the mapping.
+        unsafe { self.base.add(CONTROL_BYTES) }
+    }
+
+    /// Copies `n <= size` bytes into the ring at stream position `pos`, wrapping around.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable and the ring range must be owned by the producer.
+    unsafe fn write(&self, pos: u64, src: *const u8, n: usize) {
+        let off = (pos as usize) & (self.size - 1);
+        let first = n.min(self.size - off);
+        std::ptr::copy_nonoverlapping(src, self.ring().add(off), first);
+        if first < n {
+            std::ptr::copy_nonoverlapping(src.add(first), self.ring(), n - first);
+        }
+    }
+
+    /// Copies `n <= size` bytes out of the ring at stream position `pos`, wrapping around.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must be writable and the ring range must hold published data.
+    unsafe fn read(&self, pos: u64, dst: *mut u8, n: usize) {
+        let off = (pos as usize) & (self.size - 1);
+        let first = n.min(self.size - off);
+        std::ptr::copy_nonoverlapping(self.ring().add(off), dst, first);
+        if first < n {
+            std::ptr::copy_nonoverlapping(self.ring(), dst.add(first), n - first);
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: base/map_len describe the mapping made in `map`, unmapped only here.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+    }
+}
+
+/// Creates a sealed memfd of the right size with an initialised control page.
+fn create_segment(ring_bytes: usize) -> io::Result<(OwnedFd, Segment)> {
+    // SAFETY: the name is a NUL-terminated literal; the result is checked.
+    let raw = unsafe {
+        libc::memfd_create(
+            c"busbw-shm".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = (CONTROL_BYTES + ring_bytes) as libc::off_t;
+    // SAFETY: plain syscalls on a descriptor we own.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Fixed size from now on: neither side can be hit by SIGBUS from a shrunk segment.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let seg = Segment::map(&fd, ring_bytes)?;
+    // SAFETY: nobody else sees the segment yet; the atomics are already zero (fresh memfd).
+    unsafe {
+        let ctl = seg.base as *mut Control;
+        (*ctl).magic = SEGMENT_MAGIC;
+        (*ctl).ring_bytes = ring_bytes as u64;
+    }
+    Ok((fd, seg))
+}
+
+fn abstract_addr(name: &str) -> io::Result<UnixAddr> {
+    UnixAddr::from_abstract_name(name.as_bytes())
+}
+
+/// A non-blocking connect to the abstract socket `name`: `Ok(None)` while the listener's
+/// backlog is full or the socket is not there (yet).
+fn try_connect(name: &str) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: plain socket(2); the result is checked and owned at once.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sockaddr_un is plain data; zeroed is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket name too long",
+        ));
+    }
+    // Abstract namespace: sun_path[0] stays NUL, the name follows, no terminator.
+    for (i, b) in bytes.iter().enumerate() {
+        addr.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    loop {
+        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+        let rc = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                len as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(Some(fd));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) | Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Sends the hello frame with the segment's descriptor attached.
+fn send_hello(
+    sock: RawFd,
+    hello: &[u8; HELLO_LEN],
+    fd: RawFd,
+    deadline: Instant,
+) -> io::Result<()> {
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: hello.as_ptr() as *mut libc::c_void,
+            iov_len: HELLO_LEN,
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: the control buffer is 64 aligned bytes, enough for one descriptor's cmsg;
+        // the msghdr points at live locals for the duration of sendmsg.
+        let n = unsafe {
+            let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+            libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+        };
+        if n == HELLO_LEN as isize {
+            return Ok(());
+        }
+        if n >= 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short write of the hello frame",
+            ));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => {
+                let left = remaining(deadline).ok_or(io::ErrorKind::TimedOut)?;
+                poll_fd(sock, libc::POLLOUT, left.min(Duration::from_millis(50)))?;
+            }
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Reads the hello frame and the descriptor that comes with it.
+fn recv_hello(stream: &UnixStream) -> io::Result<([u8; HELLO_LEN], Option<OwnedFd>)> {
+    let mut hello = [0u8; HELLO_LEN];
+    let mut iov = libc::iovec {
+        iov_base: hello.as_mut_ptr() as *mut libc::c_void,
+        iov_len: HELLO_LEN,
+    };
+    let mut cbuf = [0u64; 8];
+    let mut fd = None;
+    let n = loop {
+        // SAFETY: the msghdr points at live locals; received descriptors are taken into
+        // OwnedFds right away so none leaks.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+            let n = libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c) as *const RawFd;
+                        let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                        for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                            let got = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                            if fd.is_none() {
+                                fd = Some(got);
+                            }
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            n
+        };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    if n == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    if n < HELLO_LEN {
+        let mut s = stream;
+        s.read_exact(&mut hello[n..])?;
+    }
+    Ok((hello, fd))
+}
+
+static NEXT_LISTENER: AtomicU64 = AtomicU64::new(0);
+
+impl Transport for ShmTransport {
+    fn properties(&self) -> Properties {
+        Properties {
+            name: "shm",
+            speed_mbps: None,
+            latency_us: None,
+            ptr_support: PtrSupport {
+                host: true,
+                cuda: false,
+                dmabuf: false,
+            },
+            max_requests: self.config.max_requests,
+        }
+    }
+
+    fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    fn listen(&self) -> Result<(Handle, Box<dyn Listener>)> {
+        let pid = std::process::id();
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let name = format!(
+            "busbw-shm.{pid}.{}.{nonce:x}",
+            NEXT_LISTENER.fetch_add(1, Ordering::Relaxed)
+        );
+        let listener = UnixListener::bind_addr(&abstract_addr(&name)?)?;
+        listener.set_nonblocking(true)?;
+        let handle = Handle(
+            format!(
+                "{HANDLE_PREFIX} rank={} pid={pid} sock=@{name}",
+                self.identity.rank
+            )
+            .into_bytes(),
+        );
+        Ok((
+            handle,
+            Box::new(ShmListener {
+                listener,
+                identity: self.identity,
+                config: self.config.clone(),
+            }),
+        ))
+    }
+
+    fn connect(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+    ) -> Result<Box<dyn SendComm>> {
+        let (peer, name) = parse_handle(handle)?;
+        let deadline = Instant::now() + timeout;
+        let io_err = |error| TransportError::PeerIo { peer, error };
+        // The listener exists before its handle is published, but its backlog may be full
+        // while the peer is busy connecting itself: retry to the deadline.
+        let sock = loop {
+            if let Some(s) = try_connect(&name).map_err(io_err)? {
+                break s;
+            }
+            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
+                secs: timeout.as_secs_f64(),
+                what: format!(
+                    "connecting to rank {peer} over shared memory at @{name} \
+                     (is it on this host and in this network namespace?)"
+                ),
+            })?;
+            std::thread::sleep(Duration::from_millis(10).min(left));
+        };
+        let ring_bytes = self.config.ring_bytes;
+        let (memfd, seg) = create_segment(ring_bytes).map_err(io_err)?;
+        let mut hello = [0u8; HELLO_LEN];
+        hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        hello[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        hello[12..16].copy_from_slice(&self.identity.rank.to_le_bytes());
+        hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
+        hello[24..28].copy_from_slice(&channel.to_le_bytes());
+        hello[32..40].copy_from_slice(&(ring_bytes as u64).to_le_bytes());
+        send_hello(sock.as_raw_fd(), &hello, memfd.as_raw_fd(), deadline).map_err(io_err)?;
+        // The peer holds its own reference now (or will never map it); ours can go.
+        drop(memfd);
+        Ok(Box::new(ShmSendComm {
+            slots: Slots::new(self.config.max_requests, peer),
+            seg,
+            sock,
+            peer,
+            tail: 0,
+            head_cache: 0,
+            stalls: 0,
+        }))
+    }
+}
+
+struct ShmListener {
+    listener: UnixListener,
+    identity: Identity,
+    config: ShmConfig,
+}
+
+impl ShmListener {
+    /// Reads and checks the hello, maps the segment, and returns (rank, channel, segment), or
+    /// why the connection is not one of ours.
+    fn handshake(&self, stream: &UnixStream) -> std::result::Result<(u32, u32, Segment), String> {
+        // Independent of the accept deadline: a caller polling accept in short slices (the
+        // multi-transport) must not refuse a peer whose hello is a few milliseconds late
+        // on a loaded host. A stranger that never speaks costs at most this long.
+        let wait = HELLO_WAIT;
+        stream
+            .set_nonblocking(false)
+            .and_then(|_| stream.set_read_timeout(Some(wait)))
+            .map_err(|e| e.to_string())?;
+        let (hello, fd) =
+            recv_hello(stream).map_err(|e| format!("no complete hello frame ({e})"))?;
+        let word = |r: std::ops::Range<usize>| {
+            let mut b = [0u8; 8];
+            b[..r.len()].copy_from_slice(&hello[r]);
+            u64::from_le_bytes(b)
+        };
+        if word(0..8) != HELLO_MAGIC {
+            return Err("not a busbw shm connection (bad magic)".into());
+        }
+        if word(8..12) != PROTOCOL_VERSION as u64 {
+            return Err(format!(
+                "busbw shm protocol {} where {PROTOCOL_VERSION} is spoken (mixed versions?)",
+                word(8..12)
+            ));
+        }
+        let rank = word(12..16) as u32;
+        if word(16..24) != self.identity.job {
+            return Err(format!(
+                "rank {rank} belongs to another job or has another job token"
+            ));
+        }
+        let channel = word(24..28) as u32;
+        let ring_bytes = word(32..40) as usize;
+        if !valid_ring(ring_bytes) {
+            return Err(format!(
+                "rank {rank} asked for a ring of {ring_bytes} bytes"
+            ));
+        }
+        let fd = fd.ok_or_else(|| format!("rank {rank} sent no shared-memory segment"))?;
+        // The segment must be exactly as large as announced and unable to shrink under us.
+        // SAFETY: fstat/fcntl on a descriptor we own, into a zeroed stat buffer.
+        let (size, seals) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+                return Err(format!("fstat: {}", io::Error::last_os_error()));
+            }
+            (
+                st.st_size as u64,
+                libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS),
+            )
+        };
+        if size != (CONTROL_BYTES + ring_bytes) as u64
+            || seals < 0
+            || seals & libc::F_SEAL_SHRINK == 0
+        {
+            return Err(format!(
+                "rank {rank} sent a segment of {size} bytes (seals {seals}) for a {ring_bytes}-byte ring"
+            ));
+        }
+        let seg = Segment::map(&fd, ring_bytes).map_err(|e| format!("mmap: {e}"))?;
+        let ctl = seg.ctl();
+        if ctl.magic != SEGMENT_MAGIC || ctl.ring_bytes != ring_bytes as u64 {
+            return Err(format!("rank {rank} sent an uninitialised segment"));
+        }
+        Ok((rank, channel, seg))
+    }
+}
+
+impl Listener for ShmListener {
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
+                secs: timeout.as_secs_f64(),
+                what: "waiting for a peer to connect over shared memory".into(),
+            })?;
+            if poll_fd(self.listener.as_raw_fd(), libc::POLLIN, left)? == 0 {
+                continue;
+            }
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let (peer, channel, seg) = match self.handshake(&stream) {
+                Ok(x) => x,
+                Err(why) => {
+                    eprintln!("busbw: refused a shared-memory connection: {why}");
+                    continue;
+                }
+            };
+            stream.set_nonblocking(true)?;
+            return Ok(Box::new(ShmRecvComm {
+                slots: Slots::new(self.config.max_requests, peer),
+                seg,
+                sock: stream.into(),
+                peer,
+                channel,
+                head: 0,
+                tail_cache: 0,
+                head_published: 0,
+                incoming: None,
+                got: 0,
+                stalls: 0,
+            }));
+        }
+    }
+}
+
+struct SendReq {
+    header: [u8; HEADER_LEN],
+    ptr: *const u8,
+    len: usize,
+    /// Bytes of header and payload copied into the ring.
+    sent: usize,
+}
+
+// SAFETY: the pointer is only dereferenced by the comm's owner while the request is in flight;
+// `isend`'s contract keeps the memory valid until then.
+unsafe impl Send for SendReq {}
+
+struct ShmSendComm {
+    slots: Slots<SendReq>,
+    seg: Segment,
+    sock: OwnedFd,
+    peer: u32,
+    /// Our copy of the producer counter (the shared one is only ever written by us).
+    tail: u64,
+    /// Last consumer counter read from the segment.
+    head_cache: u64,
+    stalls: u32,
+}
+
+impl ShmSendComm {
+    fn progress(&mut self) -> Result<()> {
+        if !self.slots.has_pending() {
+            return Ok(());
+        }
+        let peer = self.peer;
+        let size = self.seg.size as u64;
+        if self.seg.ctl().receiver_closed.load(Ordering::Acquire) != 0 {
+            return Err(TransportError::PeerClosed { peer });
+        }
+        while let Some(req) = self.slots.front() {
+            let total = HEADER_LEN + req.len;
+            while req.sent < total {
+                let mut free = size - (self.tail - self.head_cache);
+                if free == 0 {
+                    self.head_cache = self.seg.ctl().head.load(Ordering::Acquire);
+                    free = size - (self.tail - self.head_cache);
+                    if free == 0 {
+                        self.stalls = self.stalls.wrapping_add(1);
+                        if self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()) {
+                            return Err(TransportError::PeerClosed { peer });
+                        }
+                        return Ok(());
+                    }
+                }
+                let n = if req.sent < HEADER_LEN {
+                    let n = (HEADER_LEN - req.sent).min(free as usize);
+                    // SAFETY: the ring has `free` bytes owned by the producer at `tail`.
+                    unsafe {
+                        self.seg
+                            .write(self.tail, req.header[req.sent..].as_ptr(), n)
+                    };
+                    n
+                } else {
+                    let off = req.sent - HEADER_LEN;
+                    let n = (req.len - off).min(free as usize).min(CHUNK);
+                    // SAFETY: off + n <= len, inside the caller's buffer (isend's contract);
+                    // the ring range is free as above.
+                    unsafe { self.seg.write(self.tail, req.ptr.add(off), n) };
+                    n
+                };
+                self.tail += n as u64;
+                req.sent += n;
+                self.seg.ctl().tail.store(self.tail, Ordering::Release);
+            }
+            let len = req.len;
+            self.slots.complete_front(len);
+        }
+        Ok(())
+    }
+}
+
+impl SendComm for ShmSendComm {
+    unsafe fn isend(
+        &mut self,
+        registration: &Registration,
+        ptr: *const u8,
+        len: usize,
+        tag: u32,
+    ) -> Result<RequestId> {
+        registration.check(ptr, len)?;
+        let mut header = [0u8; HEADER_LEN];
+        header[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&tag.to_le_bytes());
+        header[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        let id = self.slots.post(SendReq {
+            header,
+            ptr,
+            len,
+            sent: 0,
+        })?;
+        self.progress()?;
+        Ok(id)
+    }
+
+    fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
+        self.progress()?;
+        self.slots.take(request)
+    }
+
+    fn peer(&self) -> u32 {
+        self.peer
+    }
+}
+
+impl Drop for ShmSendComm {
+    fn drop(&mut self) {
+        // Release: everything written before is visible to a receiver that sees the flag.
+        self.seg.ctl().sender_closed.store(1, Ordering::Release);
+    }
+}
+
+struct RecvReq {
+    ptr: *mut u8,
+    len: usize,
+    tag: u32,
+}
+
+// SAFETY: as for SendReq.
+unsafe impl Send for RecvReq {}
+
+struct ShmRecvComm {
+    slots: Slots<RecvReq>,
+    seg: Segment,
+    sock: OwnedFd,
+    peer: u32,
+    channel: u32,
+    /// Our copy of the consumer counter (the shared one is only ever written by us).
+    head: u64,
+    /// Last producer counter read from the segment.
+    tail_cache: u64,
+    /// Last consumer counter stored into the segment.
+    head_published: u64,
+    /// Length of the message whose payload is being read, once its header is in.
+    incoming: Option<usize>,
+    got: usize,
+    stalls: u32,
+}
+
+impl ShmRecvComm {
+    /// Refreshes the producer counter; true when at least `need` bytes are readable.
+    fn available(&mut self, need: u64) -> bool {
+        if self.tail_cache - self.head >= need {
+            return true;
+        }
+        self.tail_cache = self.seg.ctl().tail.load(Ordering::Acquire);
+        self.tail_cache - self.head >= need
+    }
+
+    /// Hands consumed ring space back to the sender (Release: our reads of it are done).
+    fn publish(&mut self) {
+        if self.head != self.head_published {
+            self.seg.ctl().head.store(self.head, Ordering::Release);
+            self.head_published = self.head;
+        }
+    }
+
+    /// Nothing to read: publish what was consumed and find out whether more can come.
+    fn stalled(&mut self) -> Result<()> {
+        self.publish();
+        let ctl = self.seg.ctl();
+        self.stalls = self.stalls.wrapping_add(1);
+        let gone = ctl.sender_closed.load(Ordering::Acquire) != 0
+            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()));
+        if gone {
+            // The sender's last writes happen before its flag (or its exit): if the counter
+            // did not move since we looked, nothing more is coming.
+            let tail = ctl.tail.load(Ordering::Acquire);
+            if tail == self.tail_cache {
+                return Err(TransportError::PeerClosed { peer: self.peer });
+            }
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        while self.slots.has_pending() {
+            if self.incoming.is_none() {
+                if !self.available(HEADER_LEN as u64) {
+                    return self.stalled();
+                }
+                let mut h = [0u8; HEADER_LEN];
+                // SAFETY: HEADER_LEN published bytes at head.
+                unsafe { self.seg.read(self.head, h.as_mut_ptr(), HEADER_LEN) };
+                self.head += HEADER_LEN as u64;
+                let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+                let tag = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+                let mut l = [0u8; 8];
+                l.copy_from_slice(&h[8..16]);
+                let len = u64::from_le_bytes(l);
+                let peer = self.peer;
+                if magic != MSG_MAGIC {
+                    return Err(TransportError::Handshake(format!(
+                        "corrupt shared-memory stream from rank {peer}: bad message magic {magic:#x}"
+                    )));
+                }
+                let req = self
+                    .slots
+                    .front()
+                    .ok_or(TransportError::UnknownRequest(u32::MAX))?;
+                if tag != req.tag {
+                    return Err(TransportError::TagMismatch {
+                        peer,
+                        expected: req.tag,
+                        got: tag,
+                    });
+                }
+                if len > req.len as u64 {
+                    return Err(TransportError::Truncated {
+                        peer,
+                        sent: len,
+                        posted: req.len,
+                    });
+                }
+                self.incoming = Some(len as usize);
+                self.got = 0;
+            }
+            let want = self.incoming.unwrap_or(0);
+            let Some(req) = self.slots.front() else {
+                return Ok(());
+            };
+            let ptr = req.ptr;
+            while self.got < want {
+                if !self.available(1) {
+                    return self.stalled();
+                }
+                let avail = (self.tail_cache - self.head) as usize;
+                let n = avail.min(want - self.got).min(CHUNK);
+                // SAFETY: n published bytes at head; got + n <= want <= posted len, inside
+                // the caller's buffer (irecv's contract).
+                unsafe { self.seg.read(self.head, ptr.add(self.got), n) };
+                self.head += n as u64;
+                self.got += n;
+                self.publish();
+            }
+            self.slots.complete_front(want);
+            self.incoming = None;
+        }
+        // A header-only message moved head without a store above.
+        self.publish();
+        Ok(())
+    }
+}
+
+impl RecvComm for ShmRecvComm {
+    unsafe fn irecv(
+        &mut self,
+        registration: &Registration,
+        ptr: *mut u8,
+        len: usize,
+        tag: u32,
+    ) -> Result<RequestId> {
+        registration.check(ptr, len)?;
+        self.slots.post(RecvReq { ptr, len, tag })
+    }
+
+    fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
+        self.progress()?;
+        self.slots.take(request)
+    }
+
+    fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    fn channel(&self) -> u32 {
+        self.channel
+    }
+}
+
+impl Drop for ShmRecvComm {
+    fn drop(&mut self) {
+        self.seg.ctl().receiver_closed.store(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_round_trip_and_rejects() {
+        let h = Handle(b"busbw-shm/1 rank=3 pid=12 sock=@busbw-shm.12.0.ff".to_vec());
+        let (r, s) = parse_handle(&h).unwrap();
+        assert_eq!((r, s.as_str()), (3, "busbw-shm.12.0.ff"));
+        assert!(parse_handle(&Handle(b"garbage".to_vec())).is_err());
+        assert!(parse_handle(&Handle(b"busbw-shm/1 rank=x sock=@a".to_vec())).is_err());
+        assert!(parse_handle(&Handle(b"busbw-shm/1 rank=1 sock=/tmp/a".to_vec())).is_err());
+        assert!(parse_handle(&Handle(b"busbw-tcp/1 rank=1 addr=127.0.0.1:1".to_vec())).is_err());
+        assert!(parse_handle(&Handle(vec![0xff, 0xfe])).is_err());
+    }
+
+    #[test]
+    fn ring_wraps_around() {
+        let (_fd, seg) = create_segment(MIN_RING).unwrap();
+        let src: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        let mut dst = vec![0u8; 1000];
+        let pos = (MIN_RING - 300) as u64 + 7 * MIN_RING as u64;
+        unsafe {
+            seg.write(pos, src.as_ptr(), src.len());
+            seg.read(pos, dst.as_mut_ptr(), dst.len());
+        }
+        assert_eq!(src, dst);
+    }
+}
