@@ -21,11 +21,8 @@ pub struct Session {
     pub abort: Abort,
     /// Every rank's device line, on rank 0 only.
     pub devices: Vec<DeviceInfo>,
-    pub transport_name: &'static str,
-}
-
-fn device_name(transport: &str) -> String {
-    format!("host memory via {transport}")
+    /// `--transport` as given (`auto`, `tcp`, `shm`), or `inproc` for a one-rank job.
+    pub transport_name: String,
 }
 
 fn device_info(
@@ -42,7 +39,7 @@ fn device_info(
         hostname: hostname.to_string(),
         device: local_rank as i32,
         pci: "0000:00:00".into(),
-        name: device_name(transport),
+        name: format!("host memory via {transport}"),
     }
 }
 
@@ -115,7 +112,7 @@ impl Session {
             rdv: None,
             abort,
             devices,
-            transport_name: "inproc",
+            transport_name: "inproc".into(),
         })
     }
 
@@ -128,7 +125,7 @@ impl Session {
                 rdv: Some(rdv),
                 abort,
                 devices,
-                transport_name: "tcp",
+                transport_name: plan.transport.clone(),
             }),
             Err(e) => {
                 let _ = rdv.post_abort(&format!(
