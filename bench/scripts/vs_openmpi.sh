@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# vs_openmpi.sh: busbw AllReduce against OpenMPI's MPI_Allreduce, same machine, same run.
+#
+# Builds the peer benchmark bench/peer/mpi_allreduce.c with mpicc and the memcpy reference
+# bench/peer/memcpy_bw.c with cc (into target/peer/, never committed), builds busbw release if
+# needed, then for every case (ranks x transport) and size runs busbw and the peer
+# ALTERNATELY, busbw first (A B A B ...), PAIRS pairs.  Both do float32 sum, out-of-place, the
+# same bytes, the same -n and -w, and both report the time as the MAX over ranks of the mean
+# per-op time (busbw with -a 3; the peer does MPI_Allreduce MAX of its per-rank time), so
+# busbw = bytes/1e9/time * 2(n-1)/n is computed the same way on both sides.
+#
+#   shm: busbw --transport shm   vs  mpirun --mca pml ob1 --mca btl self,vader
+#   tcp: busbw --transport tcp   vs  mpirun --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo
+#
+# Prints per case and size the median busbw of each, the ratio busbw/openmpi of the medians and
+# the spread (min..max of the per-pair ratios), plus a single-core memcpy bandwidth measured in
+# the same run as the physical reference.  The peer validates every size (exit 7 on a wrong
+# element); busbw runs with -c 0.
+#
+#   bench/scripts/vs_openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
+#                               [--sizes "8 128K 1M 8M 32M 128M"] [--no-build] [--raw FILE]
+#
+# BUSBW=/path/to/busbw skips the cargo build and runs that binary.  BUSBW_AVG (default 3)
+# is busbw's -a.  Needs Debian's OpenMPI: apt-get install -y openmpi-bin libopenmpi-dev
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PAIRS=3
+NPS="2 4"
+TRANSPORTS="shm tcp"
+SIZES="8 128K 1M 8M 32M 128M"
+BUILD=1
+RAW=""
+AVG=${BUSBW_AVG:-3}
+while (($#)); do
+    case $1 in
+    --pairs) PAIRS=$2; shift 2 ;;
+    --np) NPS=$2; shift 2 ;;
+    --transports) TRANSPORTS=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
+    --raw) RAW=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "vs_openmpi.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+for tool in mpicc mpirun; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "vs_openmpi.sh: $tool not found; install OpenMPI with:" >&2
+        echo "    apt-get update && apt-get install -y openmpi-bin libopenmpi-dev" >&2
+        exit 3
+    fi
+done
+command -v cc >/dev/null 2>&1 || { echo "vs_openmpi.sh: cc not found (apt-get install -y gcc)" >&2; exit 3; }
+
+OUTDIR="$ROOT/target/peer"
+mkdir -p "$OUTDIR"
+PEER="$OUTDIR/mpi_allreduce"
+MEMCPY="$OUTDIR/memcpy_bw"
+mpicc -O2 -o "$PEER" "$ROOT/bench/peer/mpi_allreduce.c"
+cc -O2 -o "$MEMCPY" "$ROOT/bench/peer/memcpy_bw.c"
+
+if [[ -n ${BUSBW:-} ]]; then
+    :
+else
+    BUSBW="$ROOT/target/release/busbw"
+    if ((BUILD)); then
+        (cd "$ROOT" && cargo build --release -p busbw --quiet)
+    fi
+fi
+[[ -x $BUSBW ]] || { echo "vs_openmpi.sh: $BUSBW is not executable" >&2; exit 3; }
+
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+[[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
+
+# bytes of a size like 128K / 1M (binary multiples)
+to_bytes() {
+    local s=$1
+    case $s in
+    *K) echo $(( ${s%K} * 1024 )) ;;
+    *M) echo $(( ${s%M} * 1024 * 1024 )) ;;
+    *G) echo $(( ${s%G} * 1024 * 1024 * 1024 )) ;;
+    *) echo "$s" ;;
+    esac
+}
+# iterations and warmup per size, so that every run stays short
+iters_for() {
+    local b=$1
+    if ((b <= 4096)); then echo "1000 20"
+    elif ((b <= 262144)); then echo "200 10"
+    elif ((b <= 2097152)); then echo "50 5"
+    elif ((b <= 8388608)); then echo "10 2"
+    elif ((b <= 33554432)); then echo "5 1"
+    else echo "3 1"; fi
+}
+human() {
+    local b=$1
+    if ((b >= 1048576 && b % 1048576 == 0)); then echo "$((b / 1048576)) MiB"
+    elif ((b >= 1024 && b % 1024 == 0)); then echo "$((b / 1024)) KiB"
+    else echo "$b B"; fi
+}
+
+RESULTS=$(mktemp)
+trap 'rm -f "$RESULTS"' EXIT
+FAILS=0
+
+run_busbw() { # np transport bytes iters warmup -> "time busbw" (out-of-place)
+    local out
+    out=$("$BUSBW" all_reduce_perf --np "$1" --transport "$2" -b "$3" -e "$3" -f 2 \
+        -n "$4" -w "$5" -c 0 -a "$AVG" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
+    awk '$0 !~ /^[[:space:]]*#/ && NF >= 8 { print $6, $8; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
+        || { echo "busbw: no data row in: $out" >&2; return 1; }
+}
+run_peer() { # np transport bytes iters warmup -> "time busbw"
+    local btl
+    if [[ $2 == shm ]]; then btl=(--mca pml ob1 --mca btl self,vader)
+    else btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo); fi
+    local out
+    out=$("${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" 2>&1) \
+        || { echo "peer failed (rc $?): $out" >&2; return 1; }
+    awk '$0 !~ /^[[:space:]]*#/ && NF >= 6 { print $3, $5; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
+        || { echo "peer: no data row in: $out" >&2; return 1; }
+}
+
+START=$(date +%s)
+echo "# vs_openmpi.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  host $(hostname)  cores $(nproc)"
+echo "# busbw: $BUSBW ($("$BUSBW" --version 2>/dev/null || echo '?'))"
+echo "# openmpi: $(mpirun --version 2>/dev/null | head -1)"
+echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0, peer validates"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+read -r _ mb mreps mbest mmed < <("$MEMCPY")
+echo "# memcpy reference (1 core, $(human "$mb"), $mreps reps): best $mbest GB/s, median $mmed GB/s (bytes copied per second)"
+
+for np in $NPS; do
+    for tr in $TRANSPORTS; do
+        for ((p = 1; p <= PAIRS; p++)); do
+            for s in $SIZES; do
+                b=$(to_bytes "$s")
+                read -r n w < <(iters_for "$b")
+                if a=$(run_busbw "$np" "$tr" "$b" "$n" "$w"); then :; else a="NA NA"; FAILS=$((FAILS + 1)); fi
+                if o=$(run_peer "$np" "$tr" "$b" "$n" "$w"); then :; else o="NA NA"; FAILS=$((FAILS + 1)); fi
+                echo "$np $tr $b $p $n $a $o" >>"$RESULTS"
+            done
+        done
+        echo "# done: np=$np $tr ($(( $(date +%s) - START )) s)"
+    done
+done
+
+[[ -n $RAW ]] && { echo "# np transport bytes pair iters busbw_time_us busbw_GBps ompi_time_us ompi_GBps"; cat "$RESULTS"; } >"$RAW"
+
+echo
+printf '%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s\n' \
+    np tr size iters "busbw us" "busbw GB/s" "ompi us" "ompi GB/s" ratio "spread"
+printf '%s\n' "-------------------------------------------------------------------------------------------------------------"
+for np in $NPS; do
+    for tr in $TRANSPORTS; do
+        for s in $SIZES; do
+            b=$(to_bytes "$s")
+            awk -v np="$np" -v tr="$tr" -v b="$b" -v label="$(human "$b")" '
+                function median(a, k,   i, j, t) {
+                    for (i = 2; i <= k; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+                    return (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+                }
+                # busbw in GB/s recomputed from the time column (busbw prints only 2 decimals)
+                function bw(t) { return b / 1e9 / (t * 1e-6) * 2 * (np - 1) / np }
+                $1 == np && $2 == tr && $3 == b {
+                    iters = $5
+                    if ($6 != "NA") { at[++ka] = $6; ab[ka] = bw($6) }
+                    if ($8 != "NA") { ot[++ko] = $8; ob[ko] = bw($8) }
+                    if ($6 != "NA" && $8 != "NA" && $6 > 0) {
+                        r = $8 / $6; kr++      # busbw ratio = inverse time ratio (same bytes, same factor)
+                        if (kr == 1 || r < rmin) rmin = r
+                        if (kr == 1 || r > rmax) rmax = r
+                    }
+                }
+                END {
+                    mat = ka ? median(at, ka) : "NA"; vab = ka ? median(ab, ka) : 0; mab = ka ? sprintf("%.4g", vab) : "NA"
+                    mot = ko ? median(ot, ko) : "NA"; vob = ko ? median(ob, ko) : 0; mob = ko ? sprintf("%.4g", vob) : "NA"
+                    ratio = (ka && ko && vob > 0) ? sprintf("%.2f", vab / vob) : "NA"
+                    spread = kr ? sprintf("%.2f..%.2f", rmin, rmax) : "NA"
+                    printf "%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s\n", np, tr, label, iters, mat, mab, mot, mob, ratio, spread
+                }' "$RESULTS"
+        done
+    done
+done
+echo
+echo "# GB/s = busbw recomputed from the out-of-place time (bytes/1e9/time x 2(n-1)/n); us = median time (max over ranks)
+# ratio = median busbw(busbw) / median busbw(openmpi), >1 means busbw is faster; spread = min..max of per-pair ratios"
+echo "# memcpy reference: best $mbest GB/s, median $mmed GB/s on one core"
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg); wall $(( $(date +%s) - START )) s; failed runs: $FAILS"
+((FAILS == 0)) || exit 1
