@@ -11,7 +11,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::error::CommError;
 use crate::ring::{
-    bytes_of, premultiplied, run_ring, scratch, segment_elems, Chunks, Data, RingPlan,
+    bytes_of, pipeline_segment, premultiplied, run_ring, scratch, Chunks, Data, RingPlan,
 };
 use crate::with_dtype;
 
@@ -172,7 +172,7 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
     let ch = Chunks {
         base: count,
         rem: 0,
-        seg: segment_elems::<T>(comm),
+        seg: pipeline_segment::<T>(comm, count),
     };
     run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "broadcast")
 }
@@ -217,7 +217,7 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     let ch = Chunks {
         base: count,
         rem: 0,
-        seg: segment_elems::<T>(comm),
+        seg: pipeline_segment::<T>(comm, count),
     };
     run_ring(comm, &plan, &ch, op, 0, "reduce")
 }

@@ -378,6 +378,24 @@ pub(crate) unsafe fn premultiplied<T: Element>(
     Ok(out as *const T)
 }
 
+/// Smallest segment the pipeline splits a chunk into: below it, per-message costs dominate.
+const MIN_PIPELINE_SEGMENT: usize = 64 << 10;
+/// Segments a chunk is cut into at least, when it is big enough: with one segment per chunk
+/// a ring step cannot overlap sending with receiving and reducing, which halves mid-size
+/// bandwidth (NCCL shrinks its chunks for mid-size messages for the same reason).
+const MIN_SEGMENTS: usize = 4;
+
+/// Pipeline segment size in elements for chunks of `chunk` elements: the configured segment,
+/// shrunk so that a chunk has at least [`MIN_SEGMENTS`] segments, but not below
+/// [`MIN_PIPELINE_SEGMENT`] (or the configured size, if that is smaller). Every rank computes
+/// the same value from the same arguments.
+pub(crate) fn pipeline_segment<T>(comm: &Communicator, chunk: usize) -> usize {
+    let esize = std::mem::size_of::<T>();
+    let max = segment_elems::<T>(comm);
+    let min = (MIN_PIPELINE_SEGMENT.min(comm.config().segment_bytes) / esize).clamp(1, max);
+    (chunk / MIN_SEGMENTS).clamp(min, max)
+}
+
 /// Segment size in elements.
 pub(crate) fn segment_elems<T>(comm: &Communicator) -> usize {
     (comm.config().segment_bytes / std::mem::size_of::<T>()).max(1)
@@ -661,7 +679,7 @@ pub(crate) unsafe fn all_reduce_raw<T: Element>(
     let ch = Chunks {
         base: count / n,
         rem: count % n,
-        seg: segment_elems::<T>(comm),
+        seg: pipeline_segment::<T>(comm, count.div_ceil(n)),
     };
     let plan = AllReducePlan {
         n,
@@ -757,7 +775,7 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
     let ch = Chunks {
         base: rc,
         rem: 0,
-        seg: segment_elems::<T>(comm),
+        seg: pipeline_segment::<T>(comm, rc),
     };
     let plan = ReduceScatterPlan {
         n,
@@ -832,7 +850,7 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
     let ch = Chunks {
         base: sc,
         rem: 0,
-        seg: segment_elems::<T>(comm),
+        seg: pipeline_segment::<T>(comm, sc),
     };
     let plan = AllGatherPlan { n, r, sc, dst };
     run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
