@@ -997,3 +997,57 @@ fn job_with_one_wrong_token_fails() {
         "no successful table\n{ctx}"
     );
 }
+
+/// `down` removes every namespace and file `up` made (shaped links and jumbo frames too), so
+/// that test runs do not accumulate namespaces on the machine.
+#[test]
+fn teardown_leaves_nothing() {
+    if !can_run("teardown_leaves_nothing") {
+        return;
+    }
+    let name = format!("bw{}-td", std::process::id());
+    let up = Command::new("bash")
+        .args([
+            &script(),
+            "up",
+            &name,
+            "3",
+            "--rate",
+            "1gbit",
+            "--mtu",
+            "9000",
+        ])
+        .output()
+        .expect("run simcluster.sh");
+    assert!(up.status.success(), "up: {}", text(&up.stderr));
+    let listed = |name: &str| {
+        let out = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns");
+        text(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}-")))
+            .count()
+    };
+    assert_eq!(listed(&name), 4, "3 nodes and the switch");
+    let down = Command::new("bash")
+        .args([&script(), "down", &name])
+        .output()
+        .expect("run simcluster.sh");
+    assert!(down.status.success(), "down: {}", text(&down.stderr));
+    assert_eq!(listed(&name), 0, "namespaces left behind");
+    for dir in ["/etc/netns", "/run/simcluster"] {
+        let left: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|f| {
+                        f.starts_with(&format!("{name}-")) || f.starts_with(&format!("{name}."))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{dir} still holds {left:?}");
+    }
+}

@@ -70,7 +70,6 @@ kill_ns_procs() {
 cmd_down() {
     local name=$1 ns
     check_name "$name"
-    [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 1280 && mtu <= 65535)) || die "up: --mtu must be 1280..65535, got '$mtu'"
     for ns in $(cluster_namespaces "$name"); do
         kill_ns_procs "$ns"
         ip netns del "$ns" 2>/dev/null || true
@@ -121,6 +120,7 @@ cmd_up() {
     done
     check_name "$name"
     [[ $k =~ ^[0-9]+$ ]] && ((k >= 1 && k <= 200)) || die "up: K must be 1..200, got '$k'"
+    [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 1280 && mtu <= 65535)) || die "up: --mtu must be 1280..65535, got '$mtu'"
     [[ $EUID -eq 0 ]] || die "needs root (network namespaces)"
     command -v unshare >/dev/null || die "needs unshare (util-linux)"
     if [[ -n $rate ]]; then
