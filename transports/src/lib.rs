@@ -13,6 +13,7 @@
 
 mod abort;
 mod error;
+mod frame;
 pub mod iface;
 pub mod inproc;
 pub mod multi;

@@ -21,6 +21,7 @@
 //! goes away. The socket carries no data after the hello, so [`SendComm::readiness_fd`] and
 //! [`RecvComm::readiness_fd`] return `None`: waiters spin, yield and sleep briefly instead.
 
+use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
@@ -40,7 +41,6 @@ const PROTOCOL_VERSION: u32 = 1;
 const HELLO_LEN: usize = 40;
 const SEGMENT_MAGIC: u64 = 0x6275_7362_775f_7367; // "busbw_sg"
 const MSG_MAGIC: u32 = 0xb05b_5e11;
-const HEADER_LEN: usize = 16;
 const HANDLE_PREFIX: &str = "busbw-shm/1";
 /// The control page in front of the ring.
 const CONTROL_BYTES: usize = 4096;
@@ -761,10 +761,7 @@ impl SendComm for ShmSendComm {
         tag: u32,
     ) -> Result<RequestId> {
         registration.check(ptr, len)?;
-        let mut header = [0u8; HEADER_LEN];
-        header[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-        header[4..8].copy_from_slice(&tag.to_le_bytes());
-        header[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        let header = frame::encode(MSG_MAGIC, tag, len);
         let id = self.slots.post(SendReq {
             header,
             ptr,
@@ -865,35 +862,12 @@ impl ShmRecvComm {
                 // SAFETY: HEADER_LEN published bytes at head.
                 unsafe { self.seg.read(self.head, h.as_mut_ptr(), HEADER_LEN) };
                 self.head += HEADER_LEN as u64;
-                let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-                let tag = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-                let mut l = [0u8; 8];
-                l.copy_from_slice(&h[8..16]);
-                let len = u64::from_le_bytes(l);
                 let peer = self.peer;
-                if magic != MSG_MAGIC {
-                    return Err(TransportError::Handshake(format!(
-                        "corrupt shared-memory stream from rank {peer}: bad message magic {magic:#x}"
-                    )));
-                }
                 let req = self
                     .slots
                     .front()
                     .ok_or(TransportError::UnknownRequest(u32::MAX))?;
-                if tag != req.tag {
-                    return Err(TransportError::TagMismatch {
-                        peer,
-                        expected: req.tag,
-                        got: tag,
-                    });
-                }
-                if len > req.len as u64 {
-                    return Err(TransportError::Truncated {
-                        peer,
-                        sent: len,
-                        posted: req.len,
-                    });
-                }
+                let len = frame::check(&h, MSG_MAGIC, "shared-memory", peer, req.tag, req.len)?;
                 self.incoming = Some(len as usize);
                 self.got = 0;
             }

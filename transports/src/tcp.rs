@@ -11,6 +11,7 @@
 //! a rank's sends and receives advance together and the ring can never deadlock on a full
 //! socket buffer.
 
+use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
@@ -27,7 +28,6 @@ const HELLO_MAGIC: u64 = 0x6275_7362_775f_7463; // "busbw_tc"
 const PROTOCOL_VERSION: u32 = 1;
 const HELLO_LEN: usize = 32;
 const MSG_MAGIC: u32 = 0xb05b_b0f1;
-const HEADER_LEN: usize = 16;
 const HANDLE_PREFIX: &str = "busbw-tcp/1";
 
 /// Tunables for [`TcpTransport`].
@@ -444,10 +444,7 @@ impl SendComm for TcpSendComm {
         tag: u32,
     ) -> Result<RequestId> {
         registration.check(ptr, len)?;
-        let mut header = [0u8; HEADER_LEN];
-        header[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-        header[4..8].copy_from_slice(&tag.to_le_bytes());
-        header[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        let header = frame::encode(MSG_MAGIC, tag, len);
         let id = self.slots.post(SendReq {
             header,
             ptr,
@@ -532,36 +529,12 @@ impl TcpRecvComm {
                     }
                 }
                 let h = &self.header;
-                let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-                let tag = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-                let mut l = [0u8; 8];
-                l.copy_from_slice(&h[8..16]);
-                let len = u64::from_le_bytes(l);
-                if magic != MSG_MAGIC {
-                    return Err(TransportError::Handshake(format!(
-                        "corrupt stream from rank {}: bad message magic {magic:#x}",
-                        self.peer
-                    )));
-                }
                 let peer = self.peer;
                 let req = self
                     .slots
                     .front()
                     .ok_or(TransportError::UnknownRequest(u32::MAX))?;
-                if tag != req.tag {
-                    return Err(TransportError::TagMismatch {
-                        peer,
-                        expected: req.tag,
-                        got: tag,
-                    });
-                }
-                if len > req.len as u64 {
-                    return Err(TransportError::Truncated {
-                        peer,
-                        sent: len,
-                        posted: req.len,
-                    });
-                }
+                let len = frame::check(h, MSG_MAGIC, "tcp", peer, req.tag, req.len)?;
                 self.incoming = Some(len as usize);
                 self.got = 0;
             }
