@@ -13,15 +13,25 @@
 #   tcp: busbw --transport tcp   vs  mpirun --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo
 #
 # Prints per case and size the median busbw of each, the ratio busbw/openmpi of the medians and
-# the spread (min..max of the per-pair ratios), plus a single-core memcpy bandwidth measured in
-# the same run as the physical reference.  The peer validates every size (exit 7 on a wrong
-# element); busbw runs with -c 0.
+# the spread (min..max of the per-pair ratios), plus, measured in the same run as the physical
+# references, a single-core memcpy bandwidth and iperf3's TCP loopback goodput.  The peer
+# validates every size (exit 7 on a wrong element); busbw runs with -c 0.
+#
+# busbw runs with --algo auto (BUSBW_ALGO to change it): like OpenMPI's tuned collectives,
+# which switch from recursive doubling to a ring as messages grow, it picks its algorithm per
+# size, so both sides run their own best choice.
 #
 #   bench/scripts/vs_openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
 #                               [--sizes "8 128K 1M 8M 32M 128M"] [--no-build] [--raw FILE]
+#                               [--rt]
+#
+# --rt runs both sides (and the references) under SCHED_FIFO priority 1 (chrt -f 1): on a
+# machine shared with builds and other jobs this keeps their CPU time out of both
+# measurements alike. Both sides spin while they wait, so each run holds the cores it uses.
 #
 # BUSBW=/path/to/busbw skips the cargo build and runs that binary.  BUSBW_AVG (default 3)
-# is busbw's -a.  Needs Debian's OpenMPI: apt-get install -y openmpi-bin libopenmpi-dev
+# is busbw's -a.  Needs Debian's OpenMPI and iperf3:
+#   apt-get install -y openmpi-bin libopenmpi-dev iperf3
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,7 +41,9 @@ TRANSPORTS="shm tcp"
 SIZES="8 128K 1M 8M 32M 128M"
 BUILD=1
 RAW=""
+RT=()
 AVG=${BUSBW_AVG:-3}
+ALGO=${BUSBW_ALGO:-auto}
 while (($#)); do
     case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
@@ -40,7 +52,8 @@ while (($#)); do
     --sizes) SIZES=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --raw) RAW=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --rt) RT=(chrt -f 1); shift ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "vs_openmpi.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -107,8 +120,8 @@ FAILS=0
 
 run_busbw() { # np transport bytes iters warmup -> "time busbw" (out-of-place)
     local out
-    out=$("$BUSBW" all_reduce_perf --np "$1" --transport "$2" -b "$3" -e "$3" -f 2 \
-        -n "$4" -w "$5" -c 0 -a "$AVG" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
+    out=$("${RT[@]}" "$BUSBW" all_reduce_perf --np "$1" --transport "$2" -b "$3" -e "$3" -f 2 \
+        -n "$4" -w "$5" -c 0 -a "$AVG" --algo "$ALGO" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
     awk '$0 !~ /^[[:space:]]*#/ && NF >= 8 { print $6, $8; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "busbw: no data row in: $out" >&2; return 1; }
 }
@@ -117,7 +130,7 @@ run_peer() { # np transport bytes iters warmup -> "time busbw"
     if [[ $2 == shm ]]; then btl=(--mca pml ob1 --mca btl self,vader)
     else btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo); fi
     local out
-    out=$("${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" 2>&1) \
+    out=$("${RT[@]}" "${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" 2>&1) \
         || { echo "peer failed (rc $?): $out" >&2; return 1; }
     awk '$0 !~ /^[[:space:]]*#/ && NF >= 6 { print $3, $5; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "peer: no data row in: $out" >&2; return 1; }
@@ -127,11 +140,26 @@ START=$(date +%s)
 echo "# vs_openmpi.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  host $(hostname)  cores $(nproc)"
 echo "# busbw: $BUSBW ($("$BUSBW" --version 2>/dev/null || echo '?'))"
 echo "# openmpi: $(mpirun --version 2>/dev/null | head -1)"
-echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0, peer validates"
+echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0 --algo $ALGO, peer validates${RT:+, both under ${RT[*]}}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-read -r _ mb mreps mbest mmed < <("$MEMCPY")
+read -r _ mb mreps mbest mmed < <("${RT[@]}" "$MEMCPY")
 echo "# memcpy reference (1 core, $(human "$mb"), $mreps reps): best $mbest GB/s, median $mmed GB/s (bytes copied per second)"
+# TCP loopback reference: one iperf3 stream for 3 s.
+IPERF="NA"
+if command -v iperf3 >/dev/null 2>&1; then
+    port=$((20000 + RANDOM % 20000))
+    "${RT[@]}" iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+    srv=$!
+    for _ in $(seq 50); do
+        ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+        sleep 0.1
+    done
+    IPERF=$("${RT[@]}" iperf3 -c 127.0.0.1 -p "$port" -t 3 -f g 2>/dev/null |
+        awk '/receiver/ { for (i = 1; i < NF; i++) if ($(i + 1) == "Gbits/sec") v = $i } END { print v ? v : "NA" }')
+    wait "$srv" 2>/dev/null || true
+fi
+echo "# iperf3 TCP loopback reference (1 stream, 3 s): $IPERF Gbit/s"
 
 for np in $NPS; do
     for tr in $TRANSPORTS; do
@@ -188,6 +216,6 @@ done
 echo
 echo "# GB/s = busbw recomputed from the out-of-place time (bytes/1e9/time x 2(n-1)/n); us = median time (max over ranks)
 # ratio = median busbw(busbw) / median busbw(openmpi), >1 means busbw is faster; spread = min..max of per-pair ratios"
-echo "# memcpy reference: best $mbest GB/s, median $mmed GB/s on one core"
+echo "# memcpy reference: best $mbest GB/s, median $mmed GB/s on one core; iperf3 TCP loopback: $IPERF Gbit/s"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg); wall $(( $(date +%s) - START )) s; failed runs: $FAILS"
 ((FAILS == 0)) || exit 1

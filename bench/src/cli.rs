@@ -116,9 +116,9 @@ fn parse_op(s: &str) -> Result<Choice<ReduceOp>, String> {
         .map_err(|e: busbw_collectives::ParseNameError| e.to_string())
 }
 
-/// `--algo` / `NCCL_ALGO`. Besides `ring`, `tree` and `auto`, NCCL's list syntax is
-/// understood as far as it concerns these two: `Ring,Tree` (either: auto), `^Tree` (all but
-/// tree: ring), `^Ring` (tree), so an environment set up for NCCL means the same here.
+/// `--algo` / `NCCL_ALGO`. Besides `ring`, `tree`, `rd` and `auto`, NCCL's list syntax is
+/// understood as far as it concerns ring and tree: `Ring,Tree` (a choice: auto), `^Tree` (all
+/// but tree: ring), `^Ring` (tree), so an environment set up for NCCL means the same here.
 fn parse_algo(s: &str) -> Result<Algo, String> {
     let t = s.trim().to_ascii_lowercase();
     let (negate, list) = match t.strip_prefix('^') {
@@ -133,19 +133,19 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     let has = |a: &str| names.contains(&a);
     let known = names
         .iter()
-        .all(|n| matches!(*n, "ring" | "tree" | "auto" | "default"));
+        .all(|n| matches!(*n, "ring" | "tree" | "rd" | "auto" | "default"));
     let algo = match (negate, has("ring"), has("tree")) {
         _ if !known || names.is_empty() => None,
-        (false, _, _) if has("auto") || has("default") => Some(Algo::Auto),
-        (false, true, true) => Some(Algo::Auto),
+        (false, _, _) if has("auto") || has("default") || names.len() > 1 => Some(Algo::Auto),
         (false, true, false) => Some(Algo::Ring),
         (false, false, true) => Some(Algo::Tree),
+        (false, false, false) => Some(Algo::Rd),
         (true, true, false) => Some(Algo::Tree),
         (true, false, true) => Some(Algo::Ring),
         _ => None,
     };
     algo.ok_or_else(|| {
-        format!("unknown algorithm '{s}'; expected ring, tree or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
+        format!("unknown algorithm '{s}'; expected ring, tree, rd or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
     })
 }
 
@@ -213,8 +213,9 @@ pub struct PerfArgs {
         allow_negative_numbers = true
     )]
     pub root: i64,
-    /// AllReduce algorithm: ring, tree (double binary tree), or auto (chosen per size from a
-    /// cost model calibrated at start; adds an `algo` column to the table).
+    /// AllReduce algorithm: ring, tree (double binary tree), rd (recursive doubling, MPI's
+    /// short-message algorithm), or auto (chosen per size from a cost model calibrated at
+    /// start; adds an `algo` column to the table).
     #[arg(long = "algo", env = "NCCL_ALGO", default_value = "ring", value_parser = parse_algo)]
     pub algo: Algo,
     /// How this process finds its job: auto (detect from the environment; see README "Run on
@@ -273,6 +274,8 @@ mod tests {
         assert_eq!(parse_algo("ring"), Ok(Algo::Ring));
         assert_eq!(parse_algo("Tree"), Ok(Algo::Tree));
         assert_eq!(parse_algo("AUTO"), Ok(Algo::Auto));
+        assert_eq!(parse_algo("rd"), Ok(Algo::Rd));
+        assert_eq!(parse_algo("ring,rd"), Ok(Algo::Auto));
         assert_eq!(parse_algo("Ring,Tree"), Ok(Algo::Auto));
         assert_eq!(parse_algo("^Tree"), Ok(Algo::Ring));
         assert_eq!(parse_algo("^ring"), Ok(Algo::Tree));

@@ -99,7 +99,7 @@ impl Session {
         let abort = Abort::new();
         let t = InprocTransport::new(Identity { job: 0, rank: 0 });
         let (h, l) = t.listen()?;
-        let comm = Communicator::new(Box::new(t), l, vec![h], comm_config(plan, &abort))?;
+        let comm = Communicator::new(Box::new(t), l, vec![h], comm_config(plan, &abort, 1))?;
         let devices = vec![device_info(
             0,
             std::process::id(),
@@ -302,6 +302,10 @@ impl Session {
 
         let abort = Abort::new();
         rdv.watch_abort(abort.clone())?;
+        let local_ranks = nodes
+            .iter()
+            .filter(|&&x| Some(&x) == nodes.get(rank))
+            .count();
         let mut comm = Communicator::new(
             match multi {
                 Some(m) => Box::new(m),
@@ -309,7 +313,7 @@ impl Session {
             },
             listener,
             handles,
-            comm_config(plan, &abort),
+            comm_config(plan, &abort, local_ranks),
         )?;
         comm.set_nodes(nodes)?;
         comm.connect_ring()?;
@@ -361,12 +365,15 @@ pub fn join_rendezvous(world: &World, plan: &Plan, opts: &JoinOptions) -> Result
     })
 }
 
-fn comm_config(plan: &Plan, abort: &Abort) -> CommConfig {
+/// `local_ranks`: ranks on this node, which decides how a waiting rank may use its core.
+fn comm_config(plan: &Plan, abort: &Abort, local_ranks: usize) -> CommConfig {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     CommConfig {
         timeout: plan.timeout,
         abort: abort.clone(),
         ..CommConfig::default()
     }
+    .for_cores(local_ranks, cores)
 }
 
 #[cfg(test)]

@@ -697,7 +697,16 @@ fn root_out_of_range_is_a_usage_error() {
 /// The double binary tree validates on every rank count, and `auto` adds its column.
 #[test]
 fn all_reduce_tree_and_auto() {
-    for np in ["1", "2", "3", "5", "8"] {
+    for (np, algo) in [
+        ("1", "tree"),
+        ("2", "tree"),
+        ("3", "tree"),
+        ("5", "tree"),
+        ("8", "tree"),
+        ("2", "rd"),
+        ("5", "rd"),
+        ("8", "rd"),
+    ] {
         let out = run(&[
             "all_reduce_perf",
             "--np",
@@ -711,7 +720,7 @@ fn all_reduce_tree_and_auto() {
             "-n",
             "1",
             "--algo",
-            "tree",
+            algo,
             "-o",
             "all",
         ]);
@@ -719,7 +728,7 @@ fn all_reduce_tree_and_auto() {
         assert_eq!(
             out.status.code(),
             Some(0),
-            "np={np}\n{stdout}\n{}",
+            "np={np} --algo {algo}\n{stdout}\n{}",
             text(&out.stderr)
         );
         assert!(
@@ -758,7 +767,10 @@ fn all_reduce_tree_and_auto() {
         .collect();
     assert_eq!(data.len(), 5);
     for l in data {
-        assert!(l.ends_with("    ring") || l.ends_with("    tree"), "{l}");
+        assert!(
+            l.ends_with("    ring") || l.ends_with("    tree") || l.ends_with("      rd"),
+            "{l}"
+        );
         assert_eq!(l.len(), 118 + 8, "{l:?}");
     }
     // NCCL_ALGO is honoured like --algo.

@@ -8,10 +8,13 @@
 use crate::buffer::HostBuffer;
 use crate::error::CommError;
 use busbw_transports::{
-    Abort, Handle, Identity, Listener, RecvComm, SendComm, Transport, TransportError,
+    Abort, Handle, Identity, Listener, RecvComm, SendComm, Sleep, Transport, TransportError,
 };
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+/// Channels a communicator keeps connections for: 0 for rings, chains and point-to-point
+/// groups, 1 and 2 for the two trees, one spare.
+pub const MAX_CHANNELS: u32 = 4;
 
 /// Knobs shared by every algorithm on a communicator.
 #[derive(Clone, Debug)]
@@ -25,6 +28,11 @@ pub struct CommConfig {
     pub segment_bytes: usize,
     /// Segments in flight per direction.
     pub window: usize,
+    /// How long a rank with nothing to do polls its connections in a tight loop before it
+    /// starts yielding the core ([`CommConfig::for_cores`]).
+    pub spin: Duration,
+    /// How long it then polls between `sched_yield` calls before it sleeps in poll(2).
+    pub yield_for: Duration,
 }
 
 impl Default for CommConfig {
@@ -34,7 +42,24 @@ impl Default for CommConfig {
             abort: Abort::new(),
             segment_bytes: 1 << 20,
             window: 4,
+            spin: Duration::from_micros(50),
+            yield_for: Duration::from_millis(2),
         }
+    }
+}
+
+impl CommConfig {
+    /// Waiting budgets for `local_ranks` ranks sharing `cores` cores. With a core each, a
+    /// waiting rank spins: the data is usually microseconds away and a sleep costs a wake-up
+    /// of about as much (TCP loopback at 8 bytes is then a few microseconds, not tens).
+    /// Oversubscribed (more ranks than cores, the laptop case), spinning steals the core the
+    /// peer needs: yield at once, so the rank that shares our core runs, and sleep soon.
+    pub fn for_cores(mut self, local_ranks: usize, cores: usize) -> Self {
+        if local_ranks > cores.max(1) {
+            self.spin = Duration::from_micros(1);
+            self.yield_for = Duration::from_micros(500);
+        }
+        self
     }
 }
 
@@ -45,9 +70,10 @@ pub struct Communicator {
     transport: Box<dyn Transport>,
     listener: Box<dyn Listener>,
     handles: Vec<Handle>,
-    /// Connections by (peer, channel). Looked up once per collective call, never per message.
-    sends: HashMap<(usize, u32), Box<dyn SendComm>>,
-    recvs: HashMap<(usize, u32), Box<dyn RecvComm>>,
+    /// Connections by `peer × MAX_CHANNELS + channel`: an index, not a hash, because a
+    /// latency-bound collective looks them up on every call.
+    sends: Vec<Option<Box<dyn SendComm>>>,
+    recvs: Vec<Option<Box<dyn RecvComm>>>,
     /// Node (host) index of every rank, for algorithms that treat intra- and inter-node links
     /// differently (the tree chains the ranks of a node).
     nodes: Vec<usize>,
@@ -95,8 +121,8 @@ impl Communicator {
             transport,
             listener,
             handles,
-            sends: HashMap::new(),
-            recvs: HashMap::new(),
+            sends: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
+            recvs: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
             nodes: vec![0; size],
             seq: 0,
             config,
@@ -152,14 +178,21 @@ impl Communicator {
         self.seq
     }
 
-    fn check_peer(&self, peer: usize) -> Result<(), CommError> {
+    /// Slot of (peer, channel) in `sends`/`recvs`.
+    fn slot(&self, peer: usize, channel: u32) -> Result<usize, CommError> {
         if peer >= self.size || peer == self.rank {
             return Err(CommError::Invalid(format!(
                 "rank {}: invalid peer {peer} in a communicator of {}",
                 self.rank, self.size
             )));
         }
-        Ok(())
+        if channel >= MAX_CHANNELS {
+            return Err(CommError::Invalid(format!(
+                "rank {}: channel {channel} is beyond the {MAX_CHANNELS} a communicator keeps",
+                self.rank
+            )));
+        }
+        Ok(peer * MAX_CHANNELS as usize + channel as usize)
     }
 
     /// Take the send comm to `peer` out of the communicator (connecting if needed); give it
@@ -170,8 +203,8 @@ impl Communicator {
         peer: usize,
         channel: u32,
     ) -> Result<Box<dyn SendComm>, CommError> {
-        self.check_peer(peer)?;
-        if let Some(c) = self.sends.remove(&(peer, channel)) {
+        let slot = self.slot(peer, channel)?;
+        if let Some(c) = self.sends[slot].take() {
             return Ok(c);
         }
         self.transport
@@ -185,7 +218,9 @@ impl Communicator {
     }
 
     pub(crate) fn put_send(&mut self, peer: usize, channel: u32, comm: Box<dyn SendComm>) {
-        self.sends.insert((peer, channel), comm);
+        if let Ok(slot) = self.slot(peer, channel) {
+            self.sends[slot] = Some(comm);
+        }
     }
 
     /// Take the receive comm from `peer`, accepting connections until it shows up.
@@ -194,10 +229,10 @@ impl Communicator {
         peer: usize,
         channel: u32,
     ) -> Result<Box<dyn RecvComm>, CommError> {
-        self.check_peer(peer)?;
+        let slot = self.slot(peer, channel)?;
         let deadline = Instant::now() + self.config.timeout;
         loop {
-            if let Some(c) = self.recvs.remove(&(peer, channel)) {
+            if let Some(c) = self.recvs[slot].take() {
                 return Ok(c);
             }
             if self.config.abort.is_raised() {
@@ -215,14 +250,16 @@ impl Communicator {
             // Short slices so that an abort is noticed while waiting.
             match self.listener.accept(left.min(Duration::from_millis(200))) {
                 Ok(c) => {
-                    let key = (c.peer() as usize, c.channel());
-                    if key.0 >= self.size || key.0 == self.rank || self.recvs.contains_key(&key) {
-                        return Err(CommError::Invalid(format!(
-                            "rank {}: unexpected connection claiming to be rank {} channel {}",
-                            self.rank, key.0, key.1
-                        )));
+                    let (from, ch) = (c.peer() as usize, c.channel());
+                    match self.slot(from, ch) {
+                        Ok(s) if self.recvs[s].is_none() => self.recvs[s] = Some(c),
+                        _ => {
+                            return Err(CommError::Invalid(format!(
+                                "rank {}: unexpected connection claiming to be rank {from} channel {ch}",
+                                self.rank
+                            )))
+                        }
                     }
-                    self.recvs.insert(key, c);
                 }
                 Err(TransportError::Timeout { .. }) => {}
                 Err(cause) => {
@@ -238,7 +275,9 @@ impl Communicator {
     }
 
     pub(crate) fn put_recv(&mut self, peer: usize, channel: u32, comm: Box<dyn RecvComm>) {
-        self.recvs.insert((peer, channel), comm);
+        if let Ok(slot) = self.slot(peer, channel) {
+            self.recvs[slot] = Some(comm);
+        }
     }
 
     pub(crate) fn aborted(&self) -> CommError {
@@ -268,30 +307,33 @@ impl Communicator {
     }
 }
 
-/// Waiting without burning the core a peer needs: spin briefly (the data is usually a few
-/// microseconds away), then yield, then sleep in poll(2) on the comms' readiness descriptors.
-/// It also enforces the no-progress timeout and notices the abort flag.
+/// Waiting without burning the core a peer needs: spin for `CommConfig::spin` (the data is
+/// usually microseconds away), then yield for `CommConfig::yield_for`, then sleep in poll(2)
+/// on what the blocked comms name ([`Sleep`]). It also enforces the no-progress timeout and
+/// notices the abort flag.
+///
+/// Callers run their progress pass, then, when it did nothing, call [`Waiter::idle`]; when
+/// that says the budget is spent, they ask each blocked comm for `sleep_on()`, hand the
+/// answers to [`Waiter::sleep`] and call `woke()` on the same comms.
 pub(crate) struct Waiter {
     last_progress: Instant,
     idle: u32,
+    spin: Duration,
+    yield_for: Duration,
 }
 
-/// What a progress loop is blocked on, for poll(2).
-#[derive(Clone, Copy)]
-pub(crate) enum Readiness {
-    Readable(i32),
-    Writable(i32),
-}
-
-const SPIN: u32 = 16;
-const YIELD: u32 = 64;
+/// Longest single sleep: progress checks (abort, -T) happen at least this often.
 const POLL_MS: i32 = 5;
+/// Idle passes between clock reads while spinning (a pass is a few transport tests).
+const CLOCK_EVERY: u32 = 8;
 
 impl Waiter {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(comm: &Communicator) -> Self {
         Waiter {
             last_progress: Instant::now(),
             idle: 0,
+            spin: comm.config.spin,
+            yield_for: comm.config.yield_for,
         }
     }
 
@@ -302,31 +344,31 @@ impl Waiter {
         }
     }
 
-    /// Called when a pass made no progress. `blocked_on` lists descriptors that signal
-    /// possible progress; `waiting_for` names the peer and what is awaited, for the timeout
-    /// message.
+    /// Called when a pass made no progress. Returns `Ok(true)` when the caller should sleep
+    /// (see the type's documentation), `Ok(false)` to just run another pass. `waiting_for`
+    /// names the peer and what is awaited, for the timeout message.
     pub(crate) fn idle(
         &mut self,
         comm: &Communicator,
-        blocked_on: &[Option<Readiness>],
         waiting_for: impl FnOnce() -> (usize, String),
-    ) -> Result<(), CommError> {
+    ) -> Result<bool, CommError> {
         self.idle = self.idle.saturating_add(1);
         if self.idle == 1 {
             self.last_progress = Instant::now();
         }
-        if self.idle <= SPIN {
+        if self.idle % CLOCK_EVERY != 0 {
             std::hint::spin_loop();
-            return Ok(());
+            return Ok(false);
         }
-        if self.idle <= YIELD {
-            std::thread::yield_now();
-            return Ok(());
+        let waited = self.last_progress.elapsed();
+        if waited < self.spin {
+            std::hint::spin_loop();
+            return Ok(false);
         }
         if comm.config.abort.is_raised() {
             return Err(comm.aborted());
         }
-        if self.last_progress.elapsed() > comm.config.timeout {
+        if waited > comm.config.timeout {
             let (peer, what) = waiting_for();
             return Err(CommError::Timeout {
                 rank: comm.rank,
@@ -335,37 +377,77 @@ impl Waiter {
                 what,
             });
         }
+        if waited < self.spin + self.yield_for {
+            std::thread::yield_now();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// [`Waiter::sleep`] for the usual case of one receiving and one sending comm, either of
+    /// which may not be blocked (`None`).
+    pub(crate) fn sleep_pair(
+        &mut self,
+        mut recv: Option<&mut (dyn RecvComm + 'static)>,
+        mut send: Option<&mut (dyn SendComm + 'static)>,
+    ) {
+        let on = [
+            recv.as_mut().map_or(Sleep::Nap, |c| c.sleep_on()),
+            send.as_mut().map_or(Sleep::Nap, |c| c.sleep_on()),
+        ];
+        let k = match (recv.is_some(), send.is_some()) {
+            (true, true) => 2,
+            (false, false) => 0,
+            _ => 1,
+        };
+        let on = if recv.is_some() {
+            &on[..k]
+        } else {
+            &on[1..1 + k]
+        };
+        self.sleep(on);
+        if let Some(c) = recv {
+            c.woke();
+        }
+        if let Some(c) = send {
+            c.woke();
+        }
+    }
+
+    /// Sleep until one of `on` may allow progress, or briefly when none names a descriptor.
+    pub(crate) fn sleep(&mut self, on: &[Sleep]) {
         let mut fds = [libc::pollfd {
             fd: -1,
             events: 0,
             revents: 0,
         }; 16];
         let mut nfds = 0;
-        for r in blocked_on.iter().flatten() {
-            if nfds == fds.len() {
-                break;
-            }
-            fds[nfds] = match *r {
-                Readiness::Readable(fd) => libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                Readiness::Writable(fd) => libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                },
+        let mut nap = false;
+        for s in on {
+            let (fd, events) = match *s {
+                Sleep::Ready => return,
+                Sleep::Nap => {
+                    nap = true;
+                    continue;
+                }
+                Sleep::Readable(fd) => (fd, libc::POLLIN),
+                Sleep::Writable(fd) => (fd, libc::POLLOUT),
             };
-            nfds += 1;
+            if nfds < fds.len() {
+                fds[nfds] = libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                };
+                nfds += 1;
+            }
         }
-        if nfds == 0 {
+        if nap || nfds == 0 {
             std::thread::sleep(Duration::from_micros(50));
         } else {
             // SAFETY: fds[..nfds] are initialised pollfd structs. Errors (EINTR) just end
             // the sleep early; the caller's next test() reports real socket errors.
             unsafe { libc::poll(fds.as_mut_ptr(), nfds as libc::nfds_t, POLL_MS) };
         }
-        Ok(())
     }
 }

@@ -5,11 +5,11 @@
 //! never waits for one peer while another could make progress, and a group that pairs
 //! sends and receives in any order cannot deadlock.
 
-use crate::communicator::{Communicator, Readiness, Waiter};
+use crate::communicator::{Communicator, Waiter};
 use crate::dtype::DataType;
 use crate::error::CommError;
 use crate::ring::{bytes_of, scratch, Data, Regs};
-use busbw_transports::{RecvComm, RequestId, SendComm};
+use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 
 /// One transfer of a group. Pointers must stay valid until the group completes.
 #[derive(Clone, Copy)]
@@ -91,9 +91,9 @@ pub(crate) unsafe fn exchange(
                 }
             }
         }
-        let mut waiter = Waiter::new();
+        let mut waiter = Waiter::new(comm);
         // Reused across idle passes: the wait loop must not allocate.
-        let mut fds: Vec<Option<Readiness>> = Vec::with_capacity(16);
+        let mut on: Vec<Sleep> = Vec::with_capacity(16);
         while !pending.is_empty() {
             let before = pending.len();
             let mut failure = None;
@@ -131,19 +131,12 @@ pub(crate) unsafe fn exchange(
                 waiter.progressed();
                 continue;
             }
-            fds.clear();
-            for p in pending.iter().take(16) {
-                fds.push(match *p {
-                    Pending::Send(i, _) => sends[i].1.readiness_fd().map(Readiness::Writable),
-                    Pending::Recv(i, _, _) => recvs[i].1.readiness_fd().map(Readiness::Readable),
-                });
-            }
             let first = match pending.first() {
                 Some(Pending::Send(i, _)) => (sends[*i].0, "to take data"),
                 Some(Pending::Recv(i, _, _)) => (recvs[*i].0, "to send data"),
                 None => (r, ""),
             };
-            waiter.idle(comm, &fds, || {
+            let sleep = waiter.idle(comm, || {
                 (
                     first.0,
                     format!(
@@ -154,6 +147,22 @@ pub(crate) unsafe fn exchange(
                     ),
                 )
             })?;
+            if sleep {
+                on.clear();
+                for p in pending.iter().take(16) {
+                    on.push(match *p {
+                        Pending::Send(i, _) => sends[i].1.sleep_on(),
+                        Pending::Recv(i, _, _) => recvs[i].1.sleep_on(),
+                    });
+                }
+                waiter.sleep(&on);
+                for p in pending.iter().take(16) {
+                    match *p {
+                        Pending::Send(i, _) => sends[i].1.woke(),
+                        Pending::Recv(i, _, _) => recvs[i].1.woke(),
+                    }
+                }
+            }
         }
         Ok(())
     })();

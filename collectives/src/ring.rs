@@ -20,7 +20,7 @@
 //! fill it; the per-call tag catches ranks that disagree. Received segments that must be
 //! reduced land in a ring of `window` staging slots; the others land in place.
 
-use crate::communicator::{Communicator, Readiness, Waiter};
+use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, reduce_into, scale_into, Element};
 use crate::error::CommError;
@@ -476,7 +476,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     let (mut sends_posted, mut sends_done, mut recvs_posted, mut recvs_done) = (0, 0, 0, 0);
     let mut sends_inflight: VecDeque<RequestId> = VecDeque::with_capacity(window);
     let mut recvs_inflight: VecDeque<PendingRecv> = VecDeque::with_capacity(window);
-    let mut waiter = Waiter::new();
+    let mut waiter = Waiter::new(comm);
 
     let result = (|| -> Result<(), CommError> {
         while sends_done < total_sends || recvs_done < total_recvs {
@@ -567,24 +567,17 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
 
             if progressed {
                 waiter.progressed();
-            } else {
-                let blocked_on = [
-                    recv.as_ref()
-                        .filter(|_| recvs_done < total_recvs)
-                        .and_then(|c| c.readiness_fd())
-                        .map(Readiness::Readable),
-                    send.as_ref()
-                        .filter(|_| !sends_inflight.is_empty())
-                        .and_then(|c| c.readiness_fd())
-                        .map(Readiness::Writable),
-                ];
-                waiter.idle(comm, &blocked_on, || {
-                    if recvs_done < total_recvs {
-                        (left, format!("waiting for data from rank {left} ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
-                    } else {
-                        (right, format!("waiting for rank {right} to take data ({name} call {tag}, {sends_done}/{total_sends} segments sent)"))
-                    }
-                })?;
+            } else if waiter.idle(comm, || {
+                if recvs_done < total_recvs {
+                    (left, format!("waiting for data from rank {left} ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
+                } else {
+                    (right, format!("waiting for rank {right} to take data ({name} call {tag}, {sends_done}/{total_sends} segments sent)"))
+                }
+            })? {
+                waiter.sleep_pair(
+                    recv.as_deref_mut().filter(|_| recvs_done < total_recvs),
+                    send.as_deref_mut().filter(|_| !sends_inflight.is_empty()),
+                );
             }
         }
         Ok(())
@@ -856,8 +849,9 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
     run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
 }
 
-/// AllReduce a few control values (timings, error counts) through the same engine, so the
-/// harness needs no second communication channel.
+/// AllReduce a few control values (timings, error counts) over the same connections, so the
+/// harness needs no second communication channel. Recursive doubling: these are a few bytes,
+/// and the harness's barrier and timing exchanges should cost as little as possible.
 pub fn all_reduce_values<T: Element>(
     comm: &mut Communicator,
     values: &mut [T],
@@ -871,7 +865,7 @@ pub fn all_reduce_values<T: Element>(
             std::mem::size_of_val(values),
         )
     };
-    all_reduce(comm, Data::InPlace(bytes), count, T::DTYPE, op)
+    crate::rd::rd_all_reduce(comm, Data::InPlace(bytes), count, T::DTYPE, op)
 }
 
 /// A barrier: returns once every rank has entered it.

@@ -3,6 +3,7 @@
 use crate::communicator::{CommConfig, Communicator};
 use crate::error::CommError;
 use busbw_transports::inproc::InprocTransport;
+use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
 use busbw_transports::{Identity, Transport};
 
@@ -11,6 +12,8 @@ use busbw_transports::{Identity, Transport};
 pub enum ThreadTransport {
     Inproc,
     Tcp,
+    /// Shared memory between the threads, as between processes of one host.
+    Shm,
 }
 
 /// `n` connected-on-demand communicators, one per rank, ready to be moved into threads.
@@ -29,6 +32,7 @@ pub fn thread_world(
         let t: Box<dyn Transport> = match kind {
             ThreadTransport::Inproc => Box::new(InprocTransport::new(id)),
             ThreadTransport::Tcp => Box::new(TcpTransport::new(id, TcpConfig::default())),
+            ThreadTransport::Shm => Box::new(ShmTransport::new(id, ShmConfig::default())),
         };
         let (h, l) = t.listen().map_err(|cause| CommError::Transport {
             rank,

@@ -33,13 +33,13 @@
 //! pipeline of `2·depth` stages has enough chunks to fill it (`enqueue.cc`). On eight local
 //! ranks both measurably help from 16 KiB to 1 MiB (`examples/tree_vs_ring.rs`).
 
-use crate::communicator::{Communicator, Readiness, Waiter};
+use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, reduce_into, Element};
 use crate::error::CommError;
 use crate::ring::{bytes_of, premultiplied, segment_elems, Data, Regs};
 use crate::with_dtype;
-use busbw_transports::{RecvComm, RequestId, SendComm};
+use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 use std::collections::VecDeque;
 
 /// Transport channels of the two trees; channel 0 belongs to the rings.
@@ -362,23 +362,41 @@ impl Tree {
             && (!self.is_root || self.finished == c)
     }
 
-    /// Descriptors whose readiness may let this tree progress: in-flight requests only, since
-    /// a connection with nothing posted cannot make progress whatever its socket says.
-    fn readiness(&self, out: &mut Vec<Option<Readiness>>) {
-        let recv = |l: &Link<dyn RecvComm>| {
-            (!l.inflight.is_empty())
-                .then(|| l.comm.readiness_fd().map(Readiness::Readable))
-                .flatten()
-        };
-        let send = |l: &Link<dyn SendComm>| {
-            (!l.inflight.is_empty())
-                .then(|| l.comm.readiness_fd().map(Readiness::Writable))
-                .flatten()
-        };
-        out.extend(self.from_children.iter().map(recv));
-        out.extend(self.from_parent.iter().map(recv));
-        out.extend(self.to_parent.iter().map(send));
-        out.extend(self.to_children.iter().map(send));
+    /// What to sleep on until this tree can progress: links with requests in flight only,
+    /// since a connection with nothing posted cannot make progress whatever its socket says.
+    fn sleep_on(&mut self, out: &mut Vec<Sleep>) {
+        for l in self
+            .from_children
+            .iter_mut()
+            .chain(self.from_parent.iter_mut())
+        {
+            if !l.inflight.is_empty() {
+                out.push(l.comm.sleep_on());
+            }
+        }
+        for l in self.to_parent.iter_mut().chain(self.to_children.iter_mut()) {
+            if !l.inflight.is_empty() {
+                out.push(l.comm.sleep_on());
+            }
+        }
+    }
+
+    /// The sleep prepared by [`Tree::sleep_on`] is over.
+    fn woke(&mut self) {
+        for l in self
+            .from_children
+            .iter_mut()
+            .chain(self.from_parent.iter_mut())
+        {
+            if !l.inflight.is_empty() {
+                l.comm.woke();
+            }
+        }
+        for l in self.to_parent.iter_mut().chain(self.to_children.iter_mut()) {
+            if !l.inflight.is_empty() {
+                l.comm.woke();
+            }
+        }
     }
 
     /// Who this tree is waiting for, for the timeout message: data from a peer first (the
@@ -772,8 +790,8 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             window,
             regs: &regs,
         };
-        let mut waiter = Waiter::new();
-        let mut fds = Vec::with_capacity(16);
+        let mut waiter = Waiter::new(comm);
+        let mut on = Vec::with_capacity(16);
         while !trees.iter().all(Tree::complete) {
             let mut progressed = false;
             for tr in trees.iter_mut() {
@@ -783,17 +801,23 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
                 waiter.progressed();
                 continue;
             }
-            fds.clear();
-            for tr in &trees {
-                tr.readiness(&mut fds);
-            }
-            waiter.idle(comm, &fds, || {
+            let sleep = waiter.idle(comm, || {
                 trees
                     .iter()
                     .find_map(Tree::waiting_for)
                     .map(|(p, what)| (p, format!("{what}, tree_all_reduce call {tag}")))
                     .unwrap_or((r, format!("tree_all_reduce call {tag}")))
             })?;
+            if sleep {
+                on.clear();
+                for tr in trees.iter_mut() {
+                    tr.sleep_on(&mut on);
+                }
+                waiter.sleep(&on);
+                for tr in trees.iter_mut() {
+                    tr.woke();
+                }
+            }
         }
         Ok(())
     });

@@ -136,6 +136,22 @@ impl Registration {
     }
 }
 
+/// What a comm with nothing to do now can sleep on, from [`SendComm::sleep_on`] or
+/// [`RecvComm::sleep_on`]. Sleeping matters whenever ranks outnumber cores (eight ranks on a
+/// laptop): a spinning rank steals the core its peer needs to produce the data it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sleep {
+    /// Progress may be possible already (the peer moved while the comm got ready to sleep):
+    /// test again instead of sleeping.
+    Ready,
+    /// Sleep in poll(2) until this descriptor is readable.
+    Readable(i32),
+    /// Sleep in poll(2) until this descriptor is writable.
+    Writable(i32),
+    /// Nothing to sleep on: nap briefly and test again.
+    Nap,
+}
+
 /// Identifies one in-flight request on a comm. Request ids are small integers recycled by the
 /// comm, so the data path never allocates per message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -213,6 +229,17 @@ pub trait SendComm: Send {
     fn readiness_fd(&self) -> Option<i32> {
         None
     }
+
+    /// Get ready to sleep until `test` may make progress, and say on what. A comm whose peer
+    /// must be told that it sleeps (shared memory raises a flag the peer checks after every
+    /// publish) arms itself here; [`SendComm::woke`] disarms it. Called only after spinning
+    /// and yielding found nothing to do, so arming stays off the fast path.
+    fn sleep_on(&mut self) -> Sleep {
+        self.readiness_fd().map_or(Sleep::Nap, Sleep::Writable)
+    }
+
+    /// The sleep that [`SendComm::sleep_on`] prepared is over (woken or timed out).
+    fn woke(&mut self) {}
 }
 
 /// Receiving half of a connection.
@@ -248,4 +275,12 @@ pub trait RecvComm: Send {
     fn readiness_fd(&self) -> Option<i32> {
         None
     }
+
+    /// As [`SendComm::sleep_on`], for data to arrive.
+    fn sleep_on(&mut self) -> Sleep {
+        self.readiness_fd().map_or(Sleep::Nap, Sleep::Readable)
+    }
+
+    /// As [`SendComm::woke`].
+    fn woke(&mut self) {}
 }

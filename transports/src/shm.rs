@@ -18,26 +18,37 @@
 //! Liveness: a side that drops its comm raises its `closed` flag in the segment, which the peer
 //! sees at once; a side that dies without dropping (killed, crashed) is noticed through the
 //! unix socket, which stays open for the connection's lifetime and hangs up when the process
-//! goes away. The socket carries no data after the hello, so [`SendComm::readiness_fd`] and
-//! [`RecvComm::readiness_fd`] return `None`: waiters spin, yield and sleep briefly instead.
+//! goes away.
+//!
+//! Sleeping: a side with nothing to do spins, then yields (the waiter in `busbw-collectives`
+//! decides how long), then sleeps in poll(2) on the unix socket. Before it sleeps it raises its
+//! `sleeping` flag in the segment and looks at the counters once more; the other side, after
+//! every counter it publishes, checks that flag (one load from a line that is almost never
+//! written) and, only when it is up, takes it down and writes one doorbell byte to the socket.
+//! A fence on both sides (the flag store before the counter load, the counter store before
+//! the flag load) guarantees that either the sleeper sees the new counter or the publisher
+//! sees the flag, so no wake-up is lost. This is a futex handshake with the socket as the
+//! wait queue: poll(2) can wait on a TCP socket and several shared-memory peers at once,
+//! which a bare futex cannot, and the same socket already reports a dead peer.
 
 use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
-    SendComm, Transport, TransportError,
+    SendComm, Sleep, Transport, TransportError,
 };
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long an accepted connection may take to send its hello.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
 const HELLO_MAGIC: u64 = 0x6275_7362_775f_7368; // "busbw_sh"
-const PROTOCOL_VERSION: u32 = 1;
+/// 2: the segment grew the sleeping flags and the socket carries doorbell bytes.
+const PROTOCOL_VERSION: u32 = 2;
 const HELLO_LEN: usize = 40;
 const SEGMENT_MAGIC: u64 = 0x6275_7362_775f_7367; // "busbw_sg"
 const MSG_MAGIC: u32 = 0xb05b_5e11;
@@ -146,14 +157,78 @@ fn poll_fd(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<li
     Ok(if rc > 0 { pfd.revents } else { 0 })
 }
 
-/// Whether the peer behind `sock` has gone away. Nothing is sent on the socket after the
-/// hello, so anything readable is the end of the stream.
+/// Whether the peer behind `sock` has gone away (closed its end, or died). Doorbell bytes
+/// make the socket readable too, so only the hang-up events count.
 fn hung_up(sock: RawFd) -> bool {
-    let ev = libc::POLLIN | libc::POLLRDHUP;
-    match poll_fd(sock, ev, Duration::ZERO) {
-        Ok(r) => r & (ev | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+    match poll_fd(sock, libc::POLLRDHUP, Duration::ZERO) {
+        Ok(r) => r & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
         Err(_) => true,
     }
+}
+
+/// Wakes the peer sleeping behind `sock`. A full socket buffer already holds doorbells and a
+/// dead peer is noticed by the liveness checks, so errors are ignored.
+fn ring_doorbell(sock: RawFd) {
+    let b = 1u8;
+    // SAFETY: one byte from a live local to a socket we own.
+    unsafe {
+        libc::send(
+            sock,
+            &b as *const u8 as *const libc::c_void,
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+/// Swallows doorbell bytes after a sleep. Returns false once the peer has closed its end.
+fn drain_doorbells(sock: RawFd) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: reads into a live local buffer of the given length.
+        let n = unsafe {
+            libc::recv(
+                sock,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => return false,
+            n if n > 0 => continue,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return true;
+            }
+        }
+    }
+}
+
+/// Publisher's half of the sleep handshake: after storing a counter, wake the other side if
+/// it said it sleeps.
+#[inline]
+fn wake_if_sleeping(flag: &AtomicU32, sock: RawFd) {
+    fence(Ordering::SeqCst);
+    if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
+        ring_doorbell(sock);
+    }
+}
+
+/// Sleeper's half: raise `flag`, then look at the peer's counter once more. Returns whether
+/// it is still `seen` (sleeping is safe); if not, the flag is taken down again.
+#[inline]
+fn arm(flag: &AtomicU32, counter: &AtomicU64, seen: u64) -> bool {
+    flag.store(1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+    if counter.load(Ordering::Acquire) != seen {
+        flag.store(0, Ordering::Relaxed);
+        return false;
+    }
+    true
 }
 
 /// The segment's first page. Counters sit 128 bytes apart (two lines: the adjacent-line
@@ -171,6 +246,14 @@ struct Control {
     /// Bytes ever consumed by the receiver.
     head: AtomicU64,
     _pad2: [u8; 120],
+    /// Raised by the receiver before it sleeps waiting for data; cleared by the sender when
+    /// it rings the doorbell. Its own line: the sender reads it after every publish, and a
+    /// line nobody writes stays cached on both sides.
+    recv_sleeping: AtomicU32,
+    _pad3: [u8; 124],
+    /// Raised by the sender before it sleeps waiting for ring space.
+    send_sleeping: AtomicU32,
+    _pad4: [u8; 124],
 }
 
 const _: () = assert!(std::mem::size_of::<Control>() <= CONTROL_BYTES);
@@ -545,6 +628,7 @@ impl Transport for ShmTransport {
             tail: 0,
             head_cache: 0,
             stalls: 0,
+            hangup: false,
         }))
     }
 }
@@ -671,6 +755,7 @@ impl Listener for ShmListener {
                 incoming: None,
                 got: 0,
                 stalls: 0,
+                hangup: false,
             }));
         }
     }
@@ -698,6 +783,8 @@ struct ShmSendComm {
     /// Last consumer counter read from the segment.
     head_cache: u64,
     stalls: u32,
+    /// The peer closed the socket (seen while draining doorbells).
+    hangup: bool,
 }
 
 impl ShmSendComm {
@@ -719,7 +806,9 @@ impl ShmSendComm {
                     free = size - (self.tail - self.head_cache);
                     if free == 0 {
                         self.stalls = self.stalls.wrapping_add(1);
-                        if self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()) {
+                        if self.hangup
+                            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()))
+                        {
                             return Err(TransportError::PeerClosed { peer });
                         }
                         return Ok(());
@@ -743,7 +832,9 @@ impl ShmSendComm {
                 };
                 self.tail += n as u64;
                 req.sent += n;
-                self.seg.ctl().tail.store(self.tail, Ordering::Release);
+                let ctl = self.seg.ctl();
+                ctl.tail.store(self.tail, Ordering::Release);
+                wake_if_sleeping(&ctl.recv_sleeping, self.sock.as_raw_fd());
             }
             let len = req.len;
             self.slots.complete_front(len);
@@ -780,6 +871,22 @@ impl SendComm for ShmSendComm {
     fn peer(&self) -> u32 {
         self.peer
     }
+
+    fn sleep_on(&mut self) -> Sleep {
+        let ctl = self.seg.ctl();
+        if !self.slots.has_pending()
+            || ctl.receiver_closed.load(Ordering::Acquire) != 0
+            || !arm(&ctl.send_sleeping, &ctl.head, self.head_cache)
+        {
+            return Sleep::Ready;
+        }
+        Sleep::Readable(self.sock.as_raw_fd())
+    }
+
+    fn woke(&mut self) {
+        self.seg.ctl().send_sleeping.store(0, Ordering::Relaxed);
+        self.hangup |= !drain_doorbells(self.sock.as_raw_fd());
+    }
 }
 
 impl Drop for ShmSendComm {
@@ -814,6 +921,8 @@ struct ShmRecvComm {
     incoming: Option<usize>,
     got: usize,
     stalls: u32,
+    /// The peer closed the socket (seen while draining doorbells).
+    hangup: bool,
 }
 
 impl ShmRecvComm {
@@ -829,8 +938,10 @@ impl ShmRecvComm {
     /// Hands consumed ring space back to the sender (Release: our reads of it are done).
     fn publish(&mut self) {
         if self.head != self.head_published {
-            self.seg.ctl().head.store(self.head, Ordering::Release);
+            let ctl = self.seg.ctl();
+            ctl.head.store(self.head, Ordering::Release);
             self.head_published = self.head;
+            wake_if_sleeping(&ctl.send_sleeping, self.sock.as_raw_fd());
         }
     }
 
@@ -840,6 +951,7 @@ impl ShmRecvComm {
         let ctl = self.seg.ctl();
         self.stalls = self.stalls.wrapping_add(1);
         let gone = ctl.sender_closed.load(Ordering::Acquire) != 0
+            || self.hangup
             || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()));
         if gone {
             // The sender's last writes happen before its flag (or its exit): if the counter
@@ -921,6 +1033,25 @@ impl RecvComm for ShmRecvComm {
 
     fn channel(&self) -> u32 {
         self.channel
+    }
+
+    fn sleep_on(&mut self) -> Sleep {
+        // Consumed space must be visible before we sleep, or a sender waiting for it would
+        // sleep too.
+        self.publish();
+        let ctl = self.seg.ctl();
+        if !self.slots.has_pending()
+            || ctl.sender_closed.load(Ordering::Acquire) != 0
+            || !arm(&ctl.recv_sleeping, &ctl.tail, self.tail_cache)
+        {
+            return Sleep::Ready;
+        }
+        Sleep::Readable(self.sock.as_raw_fd())
+    }
+
+    fn woke(&mut self) {
+        self.seg.ctl().recv_sleeping.store(0, Ordering::Relaxed);
+        self.hangup |= !drain_doorbells(self.sock.as_raw_fd());
     }
 }
 

@@ -238,3 +238,92 @@ fn tcp_connect_to_nothing_times_out_naming_the_peer() {
     };
     assert!(err.to_string().contains("rank 9"), "{err}");
 }
+
+/// Many messages in flight at once, of sizes on both sides of the TCP receive buffer's
+/// read-ahead threshold, some received into buffers larger than the message: each arrives
+/// whole, in order, with its own bytes.
+fn mixed_stream(mk: fn(u32, u64) -> Box<dyn Transport>) {
+    let a = mk(0, 42);
+    let b = mk(1, 42);
+    let (handle, mut listener) = b.listen().unwrap();
+    let mut send = a.connect(&handle, 0, T).unwrap();
+    let mut recv = listener.accept(T).unwrap();
+    let sizes = [
+        8usize,
+        0,
+        1,
+        16 << 10,
+        (16 << 10) + 1,
+        3,
+        64 << 10,
+        (64 << 10) + 17,
+        5,
+        1 << 20,
+        2,
+        100_000,
+        7,
+    ];
+    let total: usize = sizes.iter().sum();
+    let src: Vec<u8> = (0..total).map(|i| (i * 13 + 1) as u8).collect();
+    // Odd messages get 100 bytes of slack, as a receive posted for more than arrives.
+    let slack = |i: usize| if i % 2 == 1 { 100 } else { 0 };
+    let room: usize = sizes.iter().enumerate().map(|(i, s)| s + slack(i)).sum();
+    let mut dst = vec![0u8; room];
+    let sreg = a
+        .register(unsafe { MemRegion::new(src.as_ptr() as *mut u8, total, MemoryKind::Host) })
+        .unwrap();
+    let rreg = b
+        .register(unsafe { MemRegion::new(dst.as_mut_ptr(), room, MemoryKind::Host) })
+        .unwrap();
+    let (mut soff, mut roff) = (0, 0);
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    for (i, &len) in sizes.iter().enumerate() {
+        let tag = 100 + i as u32;
+        let post = len + slack(i);
+        recvs.push((
+            unsafe { recv.irecv(&rreg, dst.as_mut_ptr().add(roff), post, tag) }.unwrap(),
+            roff,
+            len,
+        ));
+        sends.push(unsafe { send.isend(&sreg, src.as_ptr().add(soff), len, tag) }.unwrap());
+        soff += len;
+        roff += post;
+    }
+    let deadline = Instant::now() + T;
+    let mut sdone = vec![false; sizes.len()];
+    let mut rdone = vec![None; sizes.len()];
+    while sdone.iter().any(|d| !d) || rdone.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline, "timed out");
+        for (i, id) in sends.iter().enumerate() {
+            if !sdone[i] {
+                sdone[i] = send.test(*id).unwrap().is_some();
+            }
+        }
+        for (i, (id, _, _)) in recvs.iter().enumerate() {
+            if rdone[i].is_none() {
+                rdone[i] = recv.test(*id).unwrap();
+            }
+        }
+    }
+    let mut soff = 0;
+    for (i, (_, roff, len)) in recvs.iter().enumerate() {
+        assert_eq!(rdone[i], Some(*len), "message {i}");
+        assert_eq!(
+            &dst[*roff..roff + len],
+            &src[soff..soff + len],
+            "message {i}"
+        );
+        soff += len;
+    }
+}
+
+#[test]
+fn tcp_mixed_stream() {
+    mixed_stream(tcp);
+}
+
+#[test]
+fn inproc_mixed_stream() {
+    mixed_stream(inproc);
+}

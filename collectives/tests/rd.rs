@@ -1,0 +1,177 @@
+//! Recursive-doubling AllReduce against the reference reduction and against the ring, for
+//! power-of-two and folded rank counts, over every transport.
+
+use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
+use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
+use busbw_collectives::{
+    all_reduce, all_reduce_with, rd_all_reduce, Algo, CommConfig, CommError, CostModel, Data,
+    DataType, HostBuffer, ReduceOp,
+};
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn config() -> CommConfig {
+    CommConfig {
+        timeout: Duration::from_secs(20),
+        ..CommConfig::default()
+    }
+}
+
+/// Runs one AllReduce with `f` on every rank of `comms` and returns each rank's output and
+/// wrong-element count against the reference.
+#[allow(clippy::type_complexity)]
+fn run(
+    comms: Vec<busbw_collectives::Communicator>,
+    f: fn(
+        &mut busbw_collectives::Communicator,
+        Data<'_>,
+        usize,
+        DataType,
+        ReduceOp,
+    ) -> Result<(), CommError>,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+) -> Vec<(Vec<u8>, u64)> {
+    let n = comms.len();
+    run_threads(comms, |comm| {
+        let bytes = count * dtype.size();
+        let seed = 77 + count as u64;
+        let mut send = HostBuffer::new(bytes).unwrap();
+        let mut recv = HostBuffer::new(bytes).unwrap();
+        let mut want = HostBuffer::new(bytes).unwrap();
+        fill_input(dtype, op, send.as_mut_slice(), seed, 0, comm.rank(), n);
+        fill_expected(dtype, op, want.as_mut_slice(), seed, 0, n);
+        if in_place {
+            recv.as_mut_slice().copy_from_slice(send.as_slice());
+            f(comm, Data::InPlace(recv.as_mut_slice()), count, dtype, op).unwrap();
+        } else {
+            f(
+                comm,
+                Data::OutOfPlace {
+                    send: send.as_slice(),
+                    recv: recv.as_mut_slice(),
+                },
+                count,
+                dtype,
+                op,
+            )
+            .unwrap();
+            let mut again = HostBuffer::new(bytes).unwrap();
+            fill_input(dtype, op, again.as_mut_slice(), seed, 0, comm.rank(), n);
+            assert_eq!(send.as_slice(), again.as_slice(), "send buffer clobbered");
+        }
+        let wrong = count_wrong(dtype, op, recv.as_slice(), want.as_slice());
+        (recv.as_slice().to_vec(), wrong)
+    })
+}
+
+fn count_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        Just(1),
+        proptest::sample::select(vec![2usize, 3, 5, 7, 13, 97, 1021]),
+        0usize..3000,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rd_matches_reference(
+        n in 1usize..=9,
+        count in count_strategy(),
+        dtype in proptest::sample::select(DataType::ALL.to_vec()),
+        op in proptest::sample::select(ReduceOp::ALL.to_vec()),
+        in_place in any::<bool>(),
+    ) {
+        let comms = thread_world(n, ThreadTransport::Inproc, config()).unwrap();
+        let out = run(comms, rd_all_reduce, count, dtype, op, in_place);
+        let wrong: Vec<u64> = out.iter().map(|o| o.1).collect();
+        prop_assert!(wrong.iter().all(|w| *w == 0), "wrong per rank: {wrong:?}");
+        // Every rank holds the same bits (pairs reduce in one order).
+        prop_assert!(out.iter().all(|o| o.0 == out[0].0), "ranks disagree");
+    }
+}
+
+/// Every dtype and op over real sockets and shared memory, for a power-of-two and a folded
+/// rank count, and bit-identical to the ring.
+#[test]
+fn every_dtype_and_op_over_tcp_and_shm_matches_the_ring() {
+    for (n, transport) in [
+        (4, ThreadTransport::Tcp),
+        (5, ThreadTransport::Tcp),
+        (2, ThreadTransport::Shm),
+        (6, ThreadTransport::Shm),
+    ] {
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                let in_place = op as usize % 2 == 0;
+                let comms = thread_world(n, transport, config()).unwrap();
+                let rd = run(comms, rd_all_reduce, 1003, dtype, op, in_place);
+                let comms = thread_world(n, ThreadTransport::Inproc, config()).unwrap();
+                let ring = run(comms, all_reduce, 1003, dtype, op, in_place);
+                for (r, (a, b)) in rd.iter().zip(&ring).enumerate() {
+                    assert_eq!(a.1, 0, "{transport:?} n={n} {dtype} {op}: rank {r} wrong");
+                    assert!(
+                        a.0 == b.0,
+                        "{transport:?} n={n} {dtype} {op}: rank {r} differs from the ring"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The cost model sends short messages to recursive doubling and long ones to the ring.
+#[test]
+fn auto_picks_rd_for_short_messages() {
+    let m = CostModel::new(20.0, 2.0);
+    assert_eq!(m.choose(8, 2), Algo::Rd);
+    assert_eq!(m.choose(8, 8), Algo::Rd);
+    assert_eq!(m.choose(256 << 20, 8), Algo::Ring);
+    let comms = thread_world(3, ThreadTransport::Inproc, config()).unwrap();
+    let ran = run_threads(comms, |comm| {
+        let mut buf = vec![0u8; 64];
+        all_reduce_with(
+            comm,
+            Data::InPlace(&mut buf),
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+            Algo::Auto,
+            Some(&m),
+        )
+        .unwrap()
+    });
+    assert!(ran.iter().all(|a| *a == Algo::Rd), "{ran:?}");
+}
+
+/// A partner that never shows up is named in the timeout, not waited for forever.
+#[test]
+fn missing_partner_times_out_naming_it() {
+    let cfg = CommConfig {
+        timeout: Duration::from_millis(500),
+        ..CommConfig::default()
+    };
+    let mut comms = thread_world(4, ThreadTransport::Tcp, cfg).unwrap();
+    let _absent = comms.pop().unwrap(); // rank 3 never runs
+    let errs = run_threads(comms, |comm| {
+        let mut buf = vec![0u8; 64];
+        rd_all_reduce(
+            comm,
+            Data::InPlace(&mut buf),
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+        )
+        .unwrap_err()
+    });
+    // Rank 2 pairs with 3 in the first step; rank 1 in the second.
+    for r in [1, 2] {
+        let e = errs[r].to_string();
+        assert!(e.contains("rank 3"), "rank {r}: {e}");
+    }
+}
