@@ -4,6 +4,7 @@
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
+use busbw_launchers::store::all_gather;
 use busbw_launchers::{
     never_registered, rendezvous_with, token_digest, Rendezvous, StoreError, World,
 };
@@ -145,14 +146,12 @@ impl Session {
     ) -> Result<(Communicator, Vec<DeviceInfo>, Abort)> {
         let store = &rdv.store;
         let (rank, size, timeout) = (world.rank, world.size, plan.timeout);
-        let all = |prefix: &str| {
-            (0..size)
-                .map(|r| format!("{prefix}/{r}"))
-                .collect::<Vec<_>>()
+        // Every rank's value of `prefix`, one packed blob per rank (see `all_gather`).
+        let gather = |prefix: &str, value: &[u8]| {
+            all_gather(store.as_ref(), prefix, rank, size, value, timeout)
+                .map_err(|e| name_missing(e, prefix))
         };
 
-        // Configuration agreement: the same flags and the same busbw everywhere.
-        store.set(&format!("plan/{rank}"), plan.fingerprint().as_bytes())?;
         if rank == 0 {
             store.set("job", job_token().to_string().as_bytes())?;
         }
@@ -200,7 +199,6 @@ impl Session {
             None => &*tcp_only,
         };
         let (handle, listener) = transport.listen().context("opening the data listener")?;
-        store.set(&format!("handle/{rank}"), &handle.0)?;
         let info = format!(
             "{}\t{}\t{}\t{}",
             world.hostname,
@@ -208,21 +206,15 @@ impl Session {
             world.local_rank,
             node
         );
-        store.set(&format!("info/{rank}"), info.as_bytes())?;
 
-        let plan_keys = all("plan");
-        let plans = store
-            .wait(
-                &plan_keys.iter().map(String::as_str).collect::<Vec<_>>(),
-                timeout,
-            )
-            .map_err(|e| name_missing(e, "plan"))
-            .context("waiting for every rank to publish its configuration")?;
+        // Configuration agreement: the same flags and the same busbw everywhere.
         let mine = plan.fingerprint();
+        let plans = gather("plan", mine.as_bytes())
+            .context("waiting for every rank to publish its configuration")?;
         let differ: Vec<usize> = plans
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.as_slice() != mine.as_bytes())
+            .filter(|(_, p)| *p != mine.as_bytes())
             .map(|(r, _)| r)
             .collect();
         if !differ.is_empty() {
@@ -232,25 +224,15 @@ impl Session {
             );
         }
 
-        let handle_keys = all("handle");
-        let handles: Vec<Handle> = store
-            .wait(
-                &handle_keys.iter().map(String::as_str).collect::<Vec<_>>(),
-                timeout,
-            )
-            .map_err(|e| name_missing(e, "handle"))
+        let handles: Vec<Handle> = gather("handle", &handle.0)
             .context("waiting for every rank's connection handle")?
-            .into_iter()
-            .map(Handle)
+            .iter()
+            .map(|h| Handle(h.to_vec()))
             .collect();
 
         // Every rank learns every rank's host: the tree chains the ranks of one host, so all
         // must agree on the node map; rank 0 also prints it.
-        let info_keys = all("info");
-        let infos = store.wait(
-            &info_keys.iter().map(String::as_str).collect::<Vec<_>>(),
-            timeout,
-        )?;
+        let infos = gather("info", info.as_bytes())?;
         // The transports this rank reaches its peers with, for its device line.
         let mut routes: Vec<&str> = Vec::new();
         for (r, h) in handles.iter().enumerate() {
@@ -272,12 +254,7 @@ impl Session {
         }
         // In priority order (shared memory first), whatever order the peers came in.
         routes.sort_by_key(|n| ["shm", "tcp"].iter().position(|p| p == n));
-        store.set(&format!("route/{rank}"), routes.join("+").as_bytes())?;
-        let route_keys = all("route");
-        let route_names = store.wait(
-            &route_keys.iter().map(String::as_str).collect::<Vec<_>>(),
-            timeout,
-        )?;
+        let route_names = gather("route", routes.join("+").as_bytes())?;
         let mut devices = Vec::new();
         let mut node_ids = Vec::new();
         for (r, raw) in infos.iter().enumerate() {
@@ -287,7 +264,7 @@ impl Session {
             let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             node_ids.push(f.next().unwrap_or(&host).to_string());
-            let via = String::from_utf8_lossy(&route_names[r]).into_owned();
+            let via = String::from_utf8_lossy(route_names.get(r).unwrap_or_default()).into_owned();
             let via = if via.is_empty() {
                 "tcp".to_string()
             } else {

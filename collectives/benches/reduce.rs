@@ -7,7 +7,9 @@
 //! kernel, memcpy, kernel, ...) so that machine noise hits both alike; medians are reported.
 //! The target is a ratio of at least 0.7 for f32 and bf16 sums.
 
-use busbw_collectives::element::{bf16, reduce_inplace, reduce_into, Element};
+use busbw_collectives::element::{
+    bf16, reduce_inplace, reduce_inplace_par, reduce_into, reduce_into_par, Element,
+};
 use busbw_collectives::ReduceOp;
 use std::hint::black_box;
 use std::time::Instant;
@@ -35,7 +37,9 @@ fn rate(moved: usize, f: &mut dyn FnMut()) -> f64 {
     moved as f64 / 1e9 / t.elapsed().as_secs_f64()
 }
 
-fn case<T: Element>(name: &str, make: impl Fn(usize) -> T) {
+/// `pool`: split each reduction across its threads (the communicator's path when cores are
+/// free); memcpy stays on one core, the physical reference.
+fn case<T: Element>(name: &str, make: impl Fn(usize) -> T, pool: Option<&rayon::ThreadPool>) {
     let (mut a, b, mut c) = buffers(make);
     let mut src = vec![0u8; BYTES];
     let mut dst = vec![1u8; BYTES];
@@ -46,26 +50,27 @@ fn case<T: Element>(name: &str, make: impl Fn(usize) -> T) {
             dst.copy_from_slice(black_box(&src));
             black_box(&dst);
         }));
-        inplace.push(rate(3 * BYTES, &mut || {
-            reduce_inplace(ReduceOp::Sum, black_box(&mut a), black_box(&b));
+        inplace.push(rate(3 * BYTES, &mut || match pool {
+            Some(_) => reduce_inplace_par(ReduceOp::Sum, black_box(&mut a), black_box(&b), pool),
+            None => reduce_inplace(ReduceOp::Sum, black_box(&mut a), black_box(&b)),
         }));
         mc.push(rate(2 * BYTES, &mut || {
             dst.copy_from_slice(black_box(&src));
             black_box(&dst);
         }));
         into.push(rate(3 * BYTES, &mut || {
-            reduce_into(
-                ReduceOp::Sum,
-                black_box(&mut c),
-                black_box(&a),
-                black_box(&b),
-            );
+            let (dst, x, y) = (black_box(&mut c), black_box(&a), black_box(&b));
+            match pool {
+                Some(_) => reduce_into_par(ReduceOp::Sum, dst, x, y, pool),
+                None => reduce_into(ReduceOp::Sum, dst, x, y),
+            }
         }));
     }
     let m = median(mc);
     let (i, o) = (median(inplace), median(into));
+    let threads = pool.map_or(1, |p| p.current_num_threads());
     println!(
-        "{name:>8} sum 64 MiB | memcpy {m:6.2} GB/s | in place {i:6.2} GB/s ({:.2}x memcpy) | out of place {o:6.2} GB/s ({:.2}x memcpy)",
+        "{name:>8} sum 64 MiB, {threads} thread(s) | memcpy {m:6.2} GB/s | in place {i:6.2} GB/s ({:.2}x memcpy) | out of place {o:6.2} GB/s ({:.2}x memcpy)",
         i / m,
         o / m
     );
@@ -75,9 +80,22 @@ fn main() {
     // `cargo test --benches` runs this binary with no arguments too: keep that quick.
     if std::env::args().any(|a| a == "--bench") {
         println!("# reduction kernels vs memcpy, one core, {REPS} alternating reps, medians; bytes moved = 3x buffer for a reduction, 2x for memcpy");
-        case::<f32>("float", |i| (i % 1000) as f32);
-        case::<bf16>("bfloat16", |i| bf16::from_f32((i % 100) as f32));
-        case::<f64>("double", |i| (i % 1000) as f64);
-        case::<i32>("int32", |i| i as i32);
+        case::<f32>("float", |i| (i % 1000) as f32, None);
+        case::<bf16>("bfloat16", |i| bf16::from_f32((i % 100) as f32), None);
+        case::<f64>("double", |i| (i % 1000) as f64, None);
+        case::<i32>("int32", |i| i as i32, None);
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if cores > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(cores)
+                .build()
+                .expect("thread pool");
+            case::<f32>("float", |i| (i % 1000) as f32, Some(&pool));
+            case::<bf16>(
+                "bfloat16",
+                |i| bf16::from_f32((i % 100) as f32),
+                Some(&pool),
+            );
+        }
     }
 }

@@ -33,6 +33,10 @@ pub struct CommConfig {
     pub spin: Duration,
     /// How long it then polls between `sched_yield` calls before it sleeps in poll(2).
     pub yield_for: Duration,
+    /// Threads that share one large reduction (at least `element::PAR_MIN_BYTES`). More
+    /// than one only where cores would otherwise idle: when every rank of the node already
+    /// has a core busy, extra threads just take turns with the peers they wait for.
+    pub reduce_threads: usize,
 }
 
 impl Default for CommConfig {
@@ -44,6 +48,7 @@ impl Default for CommConfig {
             window: 4,
             spin: Duration::from_micros(50),
             yield_for: Duration::from_millis(2),
+            reduce_threads: 1,
         }
     }
 }
@@ -54,11 +59,14 @@ impl CommConfig {
     /// of about as much (TCP loopback at 8 bytes is then a few microseconds, not tens).
     /// Oversubscribed (more ranks than cores, the laptop case), spinning steals the core the
     /// peer needs: yield at once, so the rank that shares our core runs, and sleep soon.
+    /// Cores left over (more cores than ranks) go to the reductions: `cores / local_ranks`
+    /// threads each.
     pub fn for_cores(mut self, local_ranks: usize, cores: usize) -> Self {
         if local_ranks > cores.max(1) {
             self.spin = Duration::from_micros(1);
             self.yield_for = Duration::from_micros(500);
         }
+        self.reduce_threads = (cores / local_ranks.max(1)).max(1);
         self
     }
 }
@@ -85,6 +93,8 @@ pub struct Communicator {
     pub(crate) scratch: HostBuffer,
     /// This rank's input multiplied by its `mulsum` scalar.
     pub(crate) premul: HostBuffer,
+    /// Threads for large reductions (`CommConfig::reduce_threads`), if more than one.
+    reduce_pool: Option<std::sync::Arc<rayon::ThreadPool>>,
 }
 
 impl Communicator {
@@ -108,6 +118,16 @@ impl Communicator {
                 "segment size and window must be positive".into(),
             ));
         }
+        let reduce_pool = if config.reduce_threads > 1 {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(config.reduce_threads)
+                .thread_name(move |i| format!("busbw-reduce-{rank}.{i}"))
+                .build()
+                .ok()
+                .map(std::sync::Arc::new)
+        } else {
+            None
+        };
         let empty = || {
             HostBuffer::new(0).ok_or(CommError::OutOfMemory {
                 rank,
@@ -129,6 +149,7 @@ impl Communicator {
             staging: empty()?,
             scratch: empty()?,
             premul: empty()?,
+            reduce_pool,
         })
     }
 
@@ -161,6 +182,11 @@ impl Communicator {
 
     pub fn config(&self) -> &CommConfig {
         &self.config
+    }
+
+    /// The pool large reductions are split across, if the communicator has one.
+    pub fn reduce_pool(&self) -> Option<std::sync::Arc<rayon::ThreadPool>> {
+        self.reduce_pool.clone()
     }
 
     pub fn transport(&self) -> &dyn Transport {

@@ -136,8 +136,9 @@ macro_rules! narrow_float_element {
     };
 }
 
-// `half`'s own f16 conversions test for F16C on every call, which keeps the kernel loops
-// scalar; `narrow` has branch-free equivalents (tested bit-identical against `half`).
+// `half`'s own f16 conversions test for F16C on every call, and its bf16 rounding branches,
+// which keeps the kernel loops scalar; `narrow` has branch-free equivalents (tested
+// bit-identical against `half`).
 narrow_float_element!(
     f16,
     DataType::Float16,
@@ -148,8 +149,8 @@ narrow_float_element!(
 narrow_float_element!(
     bf16,
     DataType::BFloat16,
-    bf16::to_f32,
-    bf16::from_f32,
+    |x: bf16| narrow::bf16_to_f32(x.to_bits()),
+    |x: f32| bf16::from_bits(narrow::bf16_from_f32(x)),
     |x: f64| bf16::from_bits(narrow::encode_f64(x, &narrow::BF16) as u16)
 );
 narrow_float_element!(
@@ -253,6 +254,60 @@ pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
         ReduceOp::Prod => map3(dst, a, b, T::mul),
         ReduceOp::Min => map3(dst, a, b, min),
         ReduceOp::Max => map3(dst, a, b, max),
+    }
+}
+
+/// Reductions at least this large are split across a communicator's reduction threads, in
+/// pieces of at least half of it: below that, fork/join costs (a few microseconds) are no
+/// longer small against the work.
+pub const PAR_MIN_BYTES: usize = 512 << 10;
+
+/// Pieces of `len` elements of `T` for `threads` threads, or `None` to run on this thread.
+fn par_piece<T>(len: usize, threads: usize) -> Option<usize> {
+    let bytes = len * std::mem::size_of::<T>();
+    if threads < 2 || bytes < PAR_MIN_BYTES {
+        return None;
+    }
+    let min = (PAR_MIN_BYTES / 2) / std::mem::size_of::<T>().max(1);
+    Some(len.div_ceil(threads).max(min))
+}
+
+/// [`reduce_inplace`], split across `pool`'s threads when the buffer is large. The split is by
+/// position only, so the result is the same bits as on one thread.
+pub fn reduce_inplace_par<T: Element>(
+    op: ReduceOp,
+    dst: &mut [T],
+    src: &[T],
+    pool: Option<&rayon::ThreadPool>,
+) {
+    use rayon::prelude::*;
+    match pool.and_then(|p| Some(p).zip(par_piece::<T>(dst.len(), p.current_num_threads()))) {
+        Some((p, piece)) => p.install(|| {
+            dst.par_chunks_mut(piece)
+                .zip(src.par_chunks(piece))
+                .for_each(|(d, s)| reduce_inplace(op, d, s))
+        }),
+        None => reduce_inplace(op, dst, src),
+    }
+}
+
+/// [`reduce_into`], split across `pool`'s threads when the buffer is large.
+pub fn reduce_into_par<T: Element>(
+    op: ReduceOp,
+    dst: &mut [T],
+    a: &[T],
+    b: &[T],
+    pool: Option<&rayon::ThreadPool>,
+) {
+    use rayon::prelude::*;
+    match pool.and_then(|p| Some(p).zip(par_piece::<T>(dst.len(), p.current_num_threads()))) {
+        Some((p, piece)) => p.install(|| {
+            dst.par_chunks_mut(piece)
+                .zip(a.par_chunks(piece))
+                .zip(b.par_chunks(piece))
+                .for_each(|((d, x), y)| reduce_into(op, d, x, y))
+        }),
+        None => reduce_into(op, dst, a, b),
     }
 }
 

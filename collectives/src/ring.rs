@@ -22,7 +22,7 @@
 
 use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{finish_avg, reduce_inplace, reduce_into, scale_into, Element};
+use crate::element::{finish_avg, reduce_inplace_par, reduce_into_par, scale_into, Element};
 use crate::error::CommError;
 use crate::with_dtype;
 use busbw_transports::{MemRegion, MemoryKind, Registration, RequestId};
@@ -477,6 +477,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     let mut sends_inflight: VecDeque<RequestId> = VecDeque::with_capacity(window);
     let mut recvs_inflight: VecDeque<PendingRecv> = VecDeque::with_capacity(window);
     let mut waiter = Waiter::new(comm);
+    let pool = comm.reduce_pool();
 
     let result = (|| -> Result<(), CommError> {
         while sends_done < total_sends || recvs_done < total_recvs {
@@ -549,9 +550,10 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
                     let staged = std::slice::from_raw_parts(stage.add(p.slot * ch.seg), len);
                     let out = std::slice::from_raw_parts_mut(out_p, len);
                     if std::ptr::eq(out_p as *const T, in_p) {
-                        reduce_inplace(op, out, staged);
+                        reduce_inplace_par(op, out, staged, pool.as_deref());
                     } else {
-                        reduce_into(op, out, std::slice::from_raw_parts(in_p, len), staged);
+                        let mine = std::slice::from_raw_parts(in_p, len);
+                        reduce_into_par(op, out, mine, staged, pool.as_deref());
                     }
                     if op == ReduceOp::Avg && plan.is_final(p.t) {
                         finish_avg(out, n);

@@ -1,12 +1,13 @@
-//! Rendezvous at scale: N simulated ranks (threads) against one TCP store, each registering
-//! its peer info and then fetching everyone's, as a job's start does.
+//! Rendezvous at scale: N simulated ranks (threads) against one TCP store, each connecting and
+//! registering, then all-gathering a peer-info record of every rank with the session's
+//! `all_gather`, as a job's start does.
 //!
 //! `cargo run --release -p busbw-launchers --example rendezvous_scale -- [N] [INFO_BYTES]`
 //! (defaults 4096 ranks, 192 bytes, about a multi-transport handle plus host info). Prints
 //! the time until every rank is connected and registered, and until every rank holds all N
 //! records (the all-gather), with the bytes the store served.
 
-use busbw_launchers::store::{Store, TcpStoreClient, TcpStoreServer};
+use busbw_launchers::store::{all_gather, Store, TcpStoreClient, TcpStoreServer};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -27,14 +28,16 @@ fn main() {
                 .stack_size(256 << 10)
                 .spawn(move || {
                     let c = TcpStoreClient::connect(&addr, timeout).expect("connect");
-                    let value: Vec<u8> = (0..info).map(|i| (i + r) as u8).collect();
-                    c.set(&format!("info/{r}"), &value).expect("set");
+                    c.set(&format!("hello/{r}"), b"1").expect("set");
                     registered.wait();
-                    let keys: Vec<String> = (0..n).map(|k| format!("info/{k}")).collect();
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let all = c.wait(&refs, timeout).expect("wait");
+                    // The session's exchange: every rank's record to every rank.
+                    let value: Vec<u8> = (0..info).map(|i| (i + r) as u8).collect();
+                    let all = all_gather(&c, "info", r, n, &value, timeout).expect("all-gather");
                     assert_eq!(all.len(), n);
-                    assert!(all.iter().all(|v| v.len() == info));
+                    assert!(all
+                        .iter()
+                        .enumerate()
+                        .all(|(k, v)| v.len() == info && v[0] == k as u8));
                     c.close();
                 })
                 .expect("spawn")

@@ -186,9 +186,70 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(o | (h & 0x8000) << 16)
 }
 
+/// `f32` to bfloat16 bits, rounding to nearest even, without branches: adding `0x7fff` plus
+/// the lowest kept bit carries into the kept half exactly when the dropped half is above one
+/// half, or exactly one half with an odd kept half. NaN keeps its top payload and is made
+/// quiet. Bit for bit what `half::bf16::from_f32` returns, but its NaN test and rounding are
+/// branches that keep the kernel loops scalar (a third of memcpy's speed).
+#[inline(always)]
+pub(crate) fn bf16_from_f32(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    let nan = (b >> 16) | 0x40;
+    (if b & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    }) as u16
+}
+
+/// bfloat16 bits to `f32`: the kept half of an `f32`.
+#[inline(always)]
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_fast_path_matches_the_half_crate() {
+        let check = |u: u32| {
+            let x = f32::from_bits(u);
+            assert_eq!(
+                bf16_from_f32(x),
+                half::bf16::from_f32(x).to_bits(),
+                "{u:#010x}"
+            );
+        };
+        for high in 0..(1u32 << 16) {
+            for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+                check(high << 16 | low);
+            }
+        }
+        for u in [
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffff_ffff,
+            0x7f7f_ffff,
+        ] {
+            check(u);
+        }
+        for b in 0..=u16::MAX {
+            let want = half::bf16::from_bits(b).to_f32();
+            if want.is_nan() {
+                // `half` quiets signalling NaNs; widening as the GPU does keeps the bits.
+                // Any arithmetic on either quiets it the same way.
+                assert!(bf16_to_f32(b).is_nan(), "{b:#06x}");
+                assert_eq!((bf16_to_f32(b) + 1.0).to_bits(), (want + 1.0).to_bits());
+            } else {
+                assert_eq!(bf16_to_f32(b).to_bits(), want.to_bits(), "{b:#06x}");
+            }
+        }
+    }
 
     /// The f32 fast path against the f64 reference on every f32 whose rounding could matter:
     /// all sign/exponent/top-mantissa combinations (the rounding bit of every format sits at
@@ -248,6 +309,14 @@ mod tests {
                 let x = f32::from_bits(u);
                 assert_eq!(encode_f32(x, f), encode_f64(x as f64, f), "{u:#010x}");
             }
+        }
+        for u in 0..=u32::MAX {
+            let x = f32::from_bits(u);
+            assert_eq!(
+                bf16_from_f32(x),
+                half::bf16::from_f32(x).to_bits(),
+                "{u:#010x}"
+            );
         }
     }
 

@@ -7,12 +7,14 @@
 //! know which one they have.
 
 mod client;
+mod gather;
 mod memory;
 mod prefix;
 mod proto;
 mod server;
 
 pub use client::TcpStoreClient;
+pub use gather::{all_gather, Gathered};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use server::TcpStoreServer;

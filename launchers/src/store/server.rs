@@ -69,6 +69,11 @@ impl TcpStoreServer {
     ) -> io::Result<Self> {
         let digest = digest_of(token);
         let local_addr = listener.local_addr()?;
+        // The standard library listens with a backlog of 128; thousands of ranks connect at
+        // once when a job starts, and a dropped SYN costs its rank a one-second retransmit.
+        // listen(2) again only raises the queue (the kernel caps it at somaxconn).
+        // SAFETY: listen on a descriptor the listener owns; failure leaves the old backlog.
+        unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), ACCEPT_BACKLOG) };
         listener.set_nonblocking(true)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -115,9 +120,14 @@ impl Drop for TcpStoreServer {
     }
 }
 
+/// Pending connections the store's listener queues (see `from_std_listener_with_token`).
+const ACCEPT_BACKLOG: libc::c_int = 8192;
+
 #[derive(Default)]
 struct State {
-    data: HashMap<String, Vec<u8>>,
+    /// Values are shared, not copied, into WAIT answers: an all-gather blob of a 4096-rank
+    /// job is most of a megabyte, sent once to every rank.
+    data: HashMap<String, Arc<Vec<u8>>>,
     /// One notifier per key somebody is waiting for, so a SET wakes only the waiters of that
     /// key: with every rank waiting on every other rank's key, waking all waiters on every SET
     /// would cost O(ranks^2) wake-ups per exchange.
@@ -141,7 +151,7 @@ impl Shared {
         if let Some(n) = s.waiters.remove(&key) {
             n.notify_waiters();
         }
-        s.data.insert(key, value);
+        s.data.insert(key, Arc::new(value));
     }
 }
 
@@ -223,10 +233,52 @@ async fn serve_inner(
                 Some(r) => r,
                 None => return Ok(()), // client hung up during a WAIT
             },
-            Err(msg) => error_response(&msg),
+            Err(msg) => Response::Frame(error_response(&msg)),
         };
-        wr.write_all(&response).await?;
+        match response {
+            Response::Frame(f) => wr.write_all(&f).await?,
+            Response::Values(values) => write_values(&mut wr, &values).await?,
+        }
     }
+}
+
+/// What a request is answered with: a finished frame, or a WAIT's values, which are written
+/// from the store's own copies.
+enum Response {
+    Frame(Vec<u8>),
+    Values(Vec<Arc<Vec<u8>>>),
+}
+
+/// Values at least this long are written straight from the store; shorter ones are gathered
+/// into one buffer first, so a WAIT for thousands of small keys is still a few writes.
+const DIRECT_VALUE: usize = 16 << 10;
+
+/// A WAIT's OK frame (status, count, then each value with its length) without copying the
+/// large values.
+async fn write_values<W: AsyncWriteExt + Unpin>(
+    wr: &mut W,
+    values: &[Arc<Vec<u8>>],
+) -> io::Result<()> {
+    let body: usize = 1 + 4 + values.iter().map(|v| 4 + v.len()).sum::<usize>();
+    let mut buf = Vec::with_capacity(64 << 10);
+    buf.extend_from_slice(&(body as u32).to_be_bytes());
+    buf.push(proto::ST_OK);
+    buf.extend_from_slice(&(values.len() as u32).to_be_bytes());
+    for v in values {
+        buf.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        if v.len() >= DIRECT_VALUE {
+            wr.write_all(&buf).await?;
+            buf.clear();
+            wr.write_all(v).await?;
+        } else {
+            buf.extend_from_slice(v);
+            if buf.len() >= 64 << 10 {
+                wr.write_all(&buf).await?;
+                buf.clear();
+            }
+        }
+    }
+    wr.write_all(&buf).await
 }
 
 fn error_response(msg: &str) -> Vec<u8> {
@@ -236,7 +288,7 @@ fn error_response(msg: &str) -> Vec<u8> {
 }
 
 /// `None` means the connection should be closed.
-async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option<Vec<u8>> {
+async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option<Response> {
     let mut e = Encoder::new();
     match req {
         Request::Set { key, value } => {
@@ -253,12 +305,12 @@ async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option
         },
         Request::Add { key, delta } => {
             let mut s = shared.lock();
-            match apply_add(&key, s.data.get(&key).map(Vec::as_slice), delta) {
+            match apply_add(&key, s.data.get(&key).map(|v| v.as_slice()), delta) {
                 Ok(new) => {
                     if let Some(n) = s.waiters.remove(&key) {
                         n.notify_waiters();
                     }
-                    s.data.insert(key, new.to_string().into_bytes());
+                    s.data.insert(key, Arc::new(new.to_string().into_bytes()));
                     e.u8(proto::ST_OK).i64(new);
                 }
                 Err(super::StoreError::BadValue { key, value }) => {
@@ -266,7 +318,7 @@ async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option
                         .bytes(key.as_bytes())
                         .bytes(value.as_bytes());
                 }
-                Err(other) => return Some(error_response(&other.to_string())),
+                Err(other) => return Some(Response::Frame(error_response(&other.to_string()))),
             }
         }
         Request::Wait { keys, timeout_ms } => {
@@ -284,14 +336,11 @@ async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option
                 Ok(values) => {
                     let total: usize = values.iter().map(|v| v.len() + 4).sum();
                     if total + 8 > proto::MAX_RESPONSE {
-                        return Some(error_response(&format!(
+                        return Some(Response::Frame(error_response(&format!(
                             "WAIT result of {total} bytes exceeds the response limit"
-                        )));
+                        ))));
                     }
-                    e.u8(proto::ST_OK).u32(values.len() as u32);
-                    for v in &values {
-                        e.bytes(v);
-                    }
+                    return Some(Response::Values(values));
                 }
                 Err(missing) => {
                     e.u8(proto::ST_TIMEOUT).u32(missing.len() as u32);
@@ -302,7 +351,7 @@ async fn execute(req: Request, shared: &Shared, rd: &mut ReadHalf<'_>) -> Option
             }
         }
     }
-    Some(e.frame())
+    Some(Response::Frame(e.frame()))
 }
 
 /// Wait for every key without polling: park on the notifier of the first missing key, and
@@ -311,7 +360,7 @@ async fn wait_keys(
     shared: &Shared,
     keys: &[String],
     deadline: Instant,
-) -> Result<Vec<Vec<u8>>, Vec<String>> {
+) -> Result<Vec<Arc<Vec<u8>>>, Vec<String>> {
     let mut first_missing = 0;
     loop {
         let notify = {
