@@ -15,6 +15,15 @@
 //! and read with Acquire; each side caches the other's counter and only rereads it when it
 //! runs out of data or space.
 //!
+//! Single copy: a message of at least [`CMA_MIN`] bytes does not go through the ring. The
+//! sender writes only its header and the payload's address; the receiver copies the payload
+//! straight out of the sender's memory with `process_vm_readv` (Linux cross-memory attach,
+//! one copy instead of two) and acknowledges it through a counter in the segment, which
+//! completes the send. The acceptor proves at connect time that it may read the peer's memory
+//! (same user, no ptrace restriction): it reads a known word at an address the hello names,
+//! and only then raises `cma_ok`, so a container without that permission simply keeps using
+//! the ring.
+//!
 //! Liveness: a side that drops its comm raises its `closed` flag in the segment, which the peer
 //! sees at once; a side that dies without dropping (killed, crashed) is noticed through the
 //! unix socket, which stays open for the connection's lifetime and hangs up when the process
@@ -49,9 +58,17 @@ const HELLO_WAIT: Duration = Duration::from_secs(5);
 const HELLO_MAGIC: u64 = 0x6275_7362_775f_7368; // "busbw_sh"
 /// 2: the segment grew the sleeping flags and the socket carries doorbell bytes.
 const PROTOCOL_VERSION: u32 = 2;
-const HELLO_LEN: usize = 40;
+/// magic, version, rank, job, channel, (pad), ring size, pid, (pad), probe address.
+const HELLO_LEN: usize = 56;
 const SEGMENT_MAGIC: u64 = 0x6275_7362_775f_7367; // "busbw_sg"
 const MSG_MAGIC: u32 = 0xb05b_5e11;
+/// A message whose payload stays in the sender's memory; an 8-byte address follows the header.
+const MSG_MAGIC_CMA: u32 = 0xb05b_c3a0;
+const CMA_DESC: usize = 8;
+/// Messages at least this long are copied once, by the receiver, from the sender's memory.
+pub const CMA_MIN: usize = 64 << 10;
+/// What the acceptor reads from the connector's memory to prove it may (see the module docs).
+static CMA_PROBE: u64 = 0x6275_7362_775f_636d; // "busbw_cm"
 const HANDLE_PREFIX: &str = "busbw-shm/1";
 /// The control page in front of the ring.
 const CONTROL_BYTES: usize = 4096;
@@ -70,6 +87,8 @@ pub struct ShmConfig {
     pub ring_bytes: usize,
     /// Requests that may be in flight on one comm.
     pub max_requests: usize,
+    /// Copy large messages once, from the sender's memory, where the kernel allows it.
+    pub single_copy: bool,
 }
 
 impl Default for ShmConfig {
@@ -77,6 +96,7 @@ impl Default for ShmConfig {
         ShmConfig {
             ring_bytes: 4 << 20,
             max_requests: 256,
+            single_copy: true,
         }
     }
 }
@@ -166,6 +186,49 @@ fn hung_up(sock: RawFd) -> bool {
     }
 }
 
+/// Copies `len` bytes at `remote` in process `pid` to `dst` with one `process_vm_readv` per
+/// piece the kernel returns.
+///
+/// # Safety
+/// `dst..dst+len` must be writable.
+unsafe fn cma_read(pid: i32, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let local = libc::iovec {
+            iov_base: dst.add(done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let far = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let n = libc::process_vm_readv(pid, &local, 1, &far, 1, 0);
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read no bytes",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// One word of another process's memory, if this process may read it.
+fn cma_read_u64(pid: i32, addr: u64) -> Option<u64> {
+    let mut v = 0u64;
+    // SAFETY: the destination is a local u64.
+    unsafe { cma_read(pid, addr, &mut v as *mut u64 as *mut u8, 8) }.ok()?;
+    Some(v)
+}
+
 /// Wakes the peer sleeping behind `sock`. A full socket buffer already holds doorbells and a
 /// dead peer is noticed by the liveness checks, so errors are ignored.
 fn ring_doorbell(sock: RawFd) {
@@ -251,9 +314,15 @@ struct Control {
     /// line nobody writes stays cached on both sides.
     recv_sleeping: AtomicU32,
     _pad3: [u8; 124],
-    /// Raised by the sender before it sleeps waiting for ring space.
+    /// Raised by the sender before it sleeps waiting for ring space or an acknowledgement.
     send_sleeping: AtomicU32,
     _pad4: [u8; 124],
+    /// Set by the acceptor once it has proven it can read the connector's memory.
+    cma_ok: AtomicU32,
+    _pad5: [u8; 124],
+    /// Single-copy messages the receiver has finished reading.
+    cma_acked: AtomicU64,
+    _pad6: [u8; 120],
 }
 
 const _: () = assert!(std::mem::size_of::<Control>() <= CONTROL_BYTES);
@@ -617,6 +686,13 @@ impl Transport for ShmTransport {
         hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
         hello[24..28].copy_from_slice(&channel.to_le_bytes());
         hello[32..40].copy_from_slice(&(ring_bytes as u64).to_le_bytes());
+        hello[40..44].copy_from_slice(&std::process::id().to_le_bytes());
+        let probe = if self.config.single_copy {
+            &CMA_PROBE as *const u64 as u64
+        } else {
+            0
+        };
+        hello[48..56].copy_from_slice(&probe.to_le_bytes());
         send_hello(sock.as_raw_fd(), &hello, memfd.as_raw_fd(), deadline).map_err(io_err)?;
         // The peer holds its own reference now (or will never map it); ours can go.
         drop(memfd);
@@ -629,6 +705,8 @@ impl Transport for ShmTransport {
             head_cache: 0,
             stalls: 0,
             hangup: false,
+            cma_posted: 0,
+            cma_acked: 0,
         }))
     }
 }
@@ -642,7 +720,10 @@ struct ShmListener {
 impl ShmListener {
     /// Reads and checks the hello, maps the segment, and returns (rank, channel, segment), or
     /// why the connection is not one of ours.
-    fn handshake(&self, stream: &UnixStream) -> std::result::Result<(u32, u32, Segment), String> {
+    fn handshake(
+        &self,
+        stream: &UnixStream,
+    ) -> std::result::Result<(u32, u32, Segment, i32), String> {
         // Independent of the accept deadline: a caller polling accept in short slices (the
         // multi-transport) must not refuse a peer whose hello is a few milliseconds late
         // on a loaded host. A stranger that never speaks costs at most this long.
@@ -706,7 +787,12 @@ impl ShmListener {
         if ctl.magic != SEGMENT_MAGIC || ctl.ring_bytes != ring_bytes as u64 {
             return Err(format!("rank {rank} sent an uninitialised segment"));
         }
-        Ok((rank, channel, seg))
+        let pid = word(40..44) as i32;
+        let probe = word(48..56);
+        if probe != 0 && self.config.single_copy && cma_read_u64(pid, probe) == Some(CMA_PROBE) {
+            ctl.cma_ok.store(1, Ordering::Release);
+        }
+        Ok((rank, channel, seg, pid))
     }
 }
 
@@ -735,7 +821,7 @@ impl Listener for ShmListener {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let (peer, channel, seg) = match self.handshake(&stream) {
+            let (peer, channel, seg, peer_pid) = match self.handshake(&stream) {
                 Ok(x) => x,
                 Err(why) => {
                     eprintln!("busbw: refused a shared-memory connection: {why}");
@@ -756,17 +842,23 @@ impl Listener for ShmListener {
                 got: 0,
                 stalls: 0,
                 hangup: false,
+                peer_pid,
+                remote: None,
+                cma_done: 0,
             }));
         }
     }
 }
 
 struct SendReq {
-    header: [u8; HEADER_LEN],
+    /// The header, followed for a single-copy message by the payload's address.
+    header: [u8; HEADER_LEN + CMA_DESC],
     ptr: *const u8,
     len: usize,
     /// Bytes of header and payload copied into the ring.
     sent: usize,
+    /// Single copy: the acknowledgement count that completes this send.
+    cma: Option<u64>,
 }
 
 // SAFETY: the pointer is only dereferenced by the comm's owner while the request is in flight;
@@ -785,6 +877,10 @@ struct ShmSendComm {
     stalls: u32,
     /// The peer closed the socket (seen while draining doorbells).
     hangup: bool,
+    /// Single-copy messages posted so far (the acknowledgement count each one waits for).
+    cma_posted: u64,
+    /// Last acknowledgement count read from the segment.
+    cma_acked: u64,
 }
 
 impl ShmSendComm {
@@ -798,7 +894,10 @@ impl ShmSendComm {
             return Err(TransportError::PeerClosed { peer });
         }
         while let Some(req) = self.slots.front() {
-            let total = HEADER_LEN + req.len;
+            let (hlen, total) = match req.cma {
+                Some(_) => (HEADER_LEN + CMA_DESC, HEADER_LEN + CMA_DESC),
+                None => (HEADER_LEN, HEADER_LEN + req.len),
+            };
             while req.sent < total {
                 let mut free = size - (self.tail - self.head_cache);
                 if free == 0 {
@@ -814,8 +913,8 @@ impl ShmSendComm {
                         return Ok(());
                     }
                 }
-                let n = if req.sent < HEADER_LEN {
-                    let n = (HEADER_LEN - req.sent).min(free as usize);
+                let n = if req.sent < hlen {
+                    let n = (hlen - req.sent).min(free as usize);
                     // SAFETY: the ring has `free` bytes owned by the producer at `tail`.
                     unsafe {
                         self.seg
@@ -836,10 +935,34 @@ impl ShmSendComm {
                 ctl.tail.store(self.tail, Ordering::Release);
                 wake_if_sleeping(&ctl.recv_sleeping, self.sock.as_raw_fd());
             }
+            if let Some(seq) = req.cma {
+                // The receiver reads the payload from our memory: the send is done when it
+                // says so.
+                if self.cma_acked < seq {
+                    self.cma_acked = self.seg.ctl().cma_acked.load(Ordering::Acquire);
+                    if self.cma_acked < seq {
+                        self.stalls = self.stalls.wrapping_add(1);
+                        if self.hangup
+                            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()))
+                        {
+                            return Err(TransportError::PeerClosed { peer });
+                        }
+                        return Ok(());
+                    }
+                }
+            }
             let len = req.len;
             self.slots.complete_front(len);
         }
         Ok(())
+    }
+
+    /// Whether the front request waits for the receiver's acknowledgement (its descriptor is
+    /// in the ring).
+    fn awaiting_ack(&mut self) -> Option<u64> {
+        let req = self.slots.front()?;
+        let seq = req.cma?;
+        (req.sent == HEADER_LEN + CMA_DESC).then_some(seq)
     }
 }
 
@@ -852,13 +975,27 @@ impl SendComm for ShmSendComm {
         tag: u32,
     ) -> Result<RequestId> {
         registration.check(ptr, len)?;
-        let header = frame::encode(MSG_MAGIC, tag, len);
+        let cma = len >= CMA_MIN
+            && registration.region.kind() == crate::MemoryKind::Host
+            && self.seg.ctl().cma_ok.load(Ordering::Acquire) != 0;
+        let mut header = [0u8; HEADER_LEN + CMA_DESC];
+        header[..HEADER_LEN].copy_from_slice(&frame::encode(
+            if cma { MSG_MAGIC_CMA } else { MSG_MAGIC },
+            tag,
+            len,
+        ));
+        header[HEADER_LEN..].copy_from_slice(&(ptr as u64).to_le_bytes());
+        let seq = cma.then(|| self.cma_posted + 1);
         let id = self.slots.post(SendReq {
             header,
             ptr,
             len,
             sent: 0,
+            cma: seq,
         })?;
+        if cma {
+            self.cma_posted += 1;
+        }
         self.progress()?;
         Ok(id)
     }
@@ -873,11 +1010,14 @@ impl SendComm for ShmSendComm {
     }
 
     fn sleep_on(&mut self) -> Sleep {
+        let waiting_ack = self.awaiting_ack().is_some();
         let ctl = self.seg.ctl();
-        if !self.slots.has_pending()
-            || ctl.receiver_closed.load(Ordering::Acquire) != 0
-            || !arm(&ctl.send_sleeping, &ctl.head, self.head_cache)
-        {
+        let armed = if waiting_ack {
+            arm(&ctl.send_sleeping, &ctl.cma_acked, self.cma_acked)
+        } else {
+            arm(&ctl.send_sleeping, &ctl.head, self.head_cache)
+        };
+        if !self.slots.has_pending() || ctl.receiver_closed.load(Ordering::Acquire) != 0 || !armed {
             return Sleep::Ready;
         }
         Sleep::Readable(self.sock.as_raw_fd())
@@ -923,6 +1063,12 @@ struct ShmRecvComm {
     stalls: u32,
     /// The peer closed the socket (seen while draining doorbells).
     hangup: bool,
+    /// The sender's process, for single-copy reads.
+    peer_pid: i32,
+    /// Where the payload of the message being received lives in the sender's memory.
+    remote: Option<u64>,
+    /// Single-copy messages read so far (published as `cma_acked`).
+    cma_done: u64,
 }
 
 impl ShmRecvComm {
@@ -970,16 +1116,41 @@ impl ShmRecvComm {
                 if !self.available(HEADER_LEN as u64) {
                     return self.stalled();
                 }
-                let mut h = [0u8; HEADER_LEN];
+                let mut h = [0u8; HEADER_LEN + CMA_DESC];
                 // SAFETY: HEADER_LEN published bytes at head.
                 unsafe { self.seg.read(self.head, h.as_mut_ptr(), HEADER_LEN) };
-                self.head += HEADER_LEN as u64;
+                let cma = h[..4] == MSG_MAGIC_CMA.to_le_bytes();
+                if cma {
+                    if !self.available((HEADER_LEN + CMA_DESC) as u64) {
+                        return self.stalled();
+                    }
+                    // SAFETY: the descriptor's bytes are published too (checked above).
+                    unsafe {
+                        self.seg.read(
+                            self.head + HEADER_LEN as u64,
+                            h[HEADER_LEN..].as_mut_ptr(),
+                            CMA_DESC,
+                        )
+                    };
+                }
                 let peer = self.peer;
                 let req = self
                     .slots
                     .front()
                     .ok_or(TransportError::UnknownRequest(u32::MAX))?;
-                let len = frame::check(&h, MSG_MAGIC, "shared-memory", peer, req.tag, req.len)?;
+                let hdr: &[u8; HEADER_LEN] = h[..HEADER_LEN].try_into().unwrap_or(&[0; HEADER_LEN]);
+                let magic = if cma { MSG_MAGIC_CMA } else { MSG_MAGIC };
+                let len = frame::check(hdr, magic, "shared-memory", peer, req.tag, req.len)?;
+                self.head += if cma {
+                    HEADER_LEN + CMA_DESC
+                } else {
+                    HEADER_LEN
+                } as u64;
+                self.remote = cma.then(|| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&h[HEADER_LEN..]);
+                    u64::from_le_bytes(a)
+                });
                 self.incoming = Some(len as usize);
                 self.got = 0;
             }
@@ -988,6 +1159,21 @@ impl ShmRecvComm {
                 return Ok(());
             };
             let ptr = req.ptr;
+            if let Some(remote) = self.remote {
+                // SAFETY: ptr..ptr+want is inside the caller's buffer (irecv's contract).
+                unsafe { cma_read(self.peer_pid, remote, ptr, want) }.map_err(|e| {
+                    TransportError::Handshake(format!(
+                        "single-copy read of {want} bytes from rank {} (pid {}) failed: {e}",
+                        self.peer, self.peer_pid
+                    ))
+                })?;
+                self.got = want;
+                self.remote = None;
+                self.cma_done += 1;
+                let ctl = self.seg.ctl();
+                ctl.cma_acked.store(self.cma_done, Ordering::Release);
+                wake_if_sleeping(&ctl.send_sleeping, self.sock.as_raw_fd());
+            }
             while self.got < want {
                 if !self.available(1) {
                     return self.stalled();

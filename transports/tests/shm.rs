@@ -340,6 +340,8 @@ fn shm_small_ring_and_channels() {
     let cfg = ShmConfig {
         ring_bytes: 4096,
         max_requests: 8,
+        // The ring path, wrapping around many times per message.
+        single_copy: false,
     };
     let a = ShmTransport::new(Identity { job: 5, rank: 0 }, cfg.clone());
     let b = ShmTransport::new(Identity { job: 5, rank: 1 }, cfg);
@@ -677,4 +679,64 @@ fn shm_sleepers_are_woken_by_the_peer() {
         sender_sleeps >= 1,
         "the sender never slept on the full ring"
     );
+}
+
+/// Large messages are read once, from the sender's memory: the send completes only when the
+/// receiver has copied it (with the ring it completes as soon as the bytes are in the ring),
+/// and small and large messages interleave in order either way.
+#[test]
+fn shm_single_copy_large_messages() {
+    use busbw_transports::shm::CMA_MIN;
+    for single_copy in [true, false] {
+        let cfg = ShmConfig {
+            single_copy,
+            ..ShmConfig::default()
+        };
+        let a = ShmTransport::new(Identity { job: 8, rank: 0 }, cfg.clone());
+        let b = ShmTransport::new(Identity { job: 8, rank: 1 }, cfg);
+        let (handle, mut listener) = b.listen().unwrap();
+        let mut send = a.connect(&handle, 0, T).unwrap();
+        let mut recv = listener.accept(T).unwrap();
+        let sizes = [CMA_MIN, 10, 1 << 20, CMA_MIN - 1, 3 << 20, 0];
+        let total: usize = sizes.iter().sum();
+        let src = pattern(total, 9);
+        let mut dst = vec![0u8; total];
+        let sreg = a.register(host(src.as_ptr(), total)).unwrap();
+        let rreg = b.register(host(dst.as_ptr(), total)).unwrap();
+        // The first (large) message alone, before the receiver does anything.
+        let first = unsafe { send.isend(&sreg, src.as_ptr(), CMA_MIN, 1) }.unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let done_early = send.test(first).unwrap().is_some();
+        assert_eq!(
+            done_early, !single_copy,
+            "single_copy={single_copy}: a send completes early only through the ring"
+        );
+        let mut off = 0;
+        let mut ids = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let tag = 1 + i as u32;
+            let sid = if i == 0 {
+                first
+            } else {
+                unsafe { send.isend(&sreg, src.as_ptr().add(off), len, tag) }.unwrap()
+            };
+            let rid = unsafe { recv.irecv(&rreg, dst.as_mut_ptr().add(off), len, tag) }.unwrap();
+            ids.push((sid, rid, len, i == 0 && done_early));
+            off += len;
+        }
+        for (sid, rid, len, already) in ids {
+            if already {
+                let deadline = Instant::now() + T;
+                while recv.test(rid).unwrap().is_none() {
+                    assert!(Instant::now() < deadline, "timed out");
+                }
+            } else {
+                assert_eq!(
+                    wait_both(send.as_mut(), sid, recv.as_mut(), rid),
+                    (len, len)
+                );
+            }
+        }
+        assert!(dst == src, "single_copy={single_copy}: bytes differ");
+    }
 }
