@@ -55,7 +55,10 @@ pub struct JoinOptions {
 /// The address peers should use to reach this host: the interface `--socket-ifname` names;
 /// else loopback when the job is local; else the address of the interface that routes to the
 /// store host (no packet is sent).
-fn local_address(world: &World, ifname: Option<&str>) -> Result<(IpAddr, Option<IpAddr>)> {
+pub(crate) fn local_address(
+    world: &World,
+    ifname: Option<&str>,
+) -> Result<(IpAddr, Option<IpAddr>)> {
     if let Some(spec) = ifname {
         let i = busbw_transports::iface::select(spec).map_err(anyhow::Error::msg)?;
         return Ok((i.addr, None));
