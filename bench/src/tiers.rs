@@ -21,7 +21,8 @@ use anyhow::{Context, Result};
 use busbw_collectives::ReduceOp;
 use busbw_collectives::{all_reduce_values, barrier, sendrecv, Data, DataType, HostBuffer};
 use busbw_launchers::topology::{
-    exchange_labels, gather, Labels, Meet, NodeLabels, Preset, Source, SourceConfig, TierModel,
+    exchange_labels, gather, publish_labels, Labels, Meet, NodeLabels, Preset, Source,
+    SourceConfig, TierModel,
 };
 use busbw_launchers::{MemoryStore, Store, World};
 use busbw_reports::tiers::{
@@ -206,10 +207,20 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         .node_name
         .clone()
         .unwrap_or_else(|| world.hostname.clone());
-    let got = gather(&opts.sources, &opts.preset, &node_name, &|k| {
+    let got = match gather(&opts.sources, &opts.preset, &node_name, &|k| {
         std::env::var(k).ok()
-    })
-    .with_context(|| format!("reading the topology labels of {node_name}"))?;
+    }) {
+        Ok(g) => g,
+        Err(e) => {
+            let none = NodeLabels {
+                host: world.hostname.clone(),
+                labels: Labels::new(),
+            };
+            let _ = publish_labels(&*store, rank, &none);
+            return Err(anyhow::Error::new(e)
+                .context(format!("reading the topology labels of {node_name}")));
+        }
+    };
     if opts.verbose {
         for n in &got.notes {
             eprintln!("busbw: rank {rank} on {}: topology {n}", world.hostname);

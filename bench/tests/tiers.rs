@@ -104,6 +104,118 @@ fn local_job_reports_the_node_tier_and_exports_json() {
     assert!(dir.is_empty(), "{dir:?}");
 }
 
+/// A stand-in for the API server and the metadata service on 127.0.0.1: answers every
+/// request by path until the test ends; the request lines come back through the channel.
+fn stand_in(
+    routes: Vec<(&'static str, u16, String)>,
+) -> (String, std::sync::mpsc::Receiver<Vec<String>>) {
+    use std::io::{BufRead, BufReader};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut req = Vec::new();
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                req.push(line.trim_end().to_string());
+            }
+            let path = req
+                .first()
+                .and_then(|l| l.split(' ').nth(1))
+                .unwrap_or("")
+                .to_string();
+            let (status, body) = routes
+                .iter()
+                .find(|(p, _, _)| *p == path)
+                .map(|(_, st, b)| (*st, b.clone()))
+                .unwrap_or((404, "not found".into()));
+            let _ = tx.send(req);
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (base, rx)
+}
+
+#[test]
+fn labels_from_the_api_server_and_instance_metadata() {
+    let node = r#"{"kind":"Node","metadata":{"name":"gpu-a","labels":{
+        "oci.oraclecloud.com/rdma.local_block_id":"no-imds-data",
+        "oci.oraclecloud.com/rdma.hpc_island_id":"isl-k8s"}}}"#;
+    let imds = r#"{"customerHPCIslandId":"ocid1.hpcisland.oc1..aaaaisland01",
+        "customerNetworkBlock":"ocid1.networkblock.oc1..aaaaanblock01",
+        "customerLocalBlock":"ocid1.localblock.oc1..aaaaalblock01",
+        "customerHostId":"ocid1.host.oc1..aaaaaaahost01"}"#;
+    let (base, rx) = stand_in(vec![
+        ("/api/v1/nodes/gpu-a", 200, node.to_string()),
+        ("/opc/v2/host/rdmaTopologyData", 200, imds.to_string()),
+    ]);
+    let out_json = tmp("k8s.json");
+    let out = busbw()
+        .args(["tiers", "--np", "2", "-b", "64K", "-e", "64K", "-n", "1"])
+        .args([
+            "--topology-source",
+            "k8s,oci-imds",
+            "--topology-preset",
+            "oci",
+        ])
+        .args(["--topology-k8s-url", &base])
+        .args(["--topology-imds-url", &format!("{base}/opc/v2")])
+        .env("NODE_NAME", "gpu-a")
+        .arg("--export-json")
+        .arg(&out_json)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let j = json(&out_json);
+    let labels = &j["tiers"]["nodes"][0]["labels"];
+    // The API server's real value is kept; its placeholder is filled from the metadata.
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.hpc_island_id"], "isl-k8s",
+        "{j}"
+    );
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.local_block_id"], "aaalblock01",
+        "{j}"
+    );
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.network_block_id"], "aaanblock01",
+        "{j}"
+    );
+    assert!(
+        j["tiers"]["verdict"]["unknown_nodes"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{j}"
+    );
+    let reqs: Vec<Vec<String>> = rx.try_iter().collect();
+    assert_eq!(reqs.len(), 4, "two ranks, two sources each: {reqs:?}");
+    let imds_reqs: Vec<&Vec<String>> = reqs
+        .iter()
+        .filter(|r| r[0].starts_with("GET /opc/v2/host/rdmaTopologyData "))
+        .collect();
+    assert_eq!(imds_reqs.len(), 2, "{reqs:?}");
+    assert!(imds_reqs
+        .iter()
+        .all(|r| r.iter().any(|l| l == "Authorization: Bearer Oracle")));
+}
+
 #[test]
 fn tier_threshold_fails_the_run_with_7() {
     let out = busbw()

@@ -25,6 +25,15 @@ pub struct NodeLabels {
     pub labels: Labels,
 }
 
+/// Publish this rank's labels without waiting for the others: what a rank whose sources
+/// failed still does, so the others get past the exchange and hear of its failure through
+/// the job's abort instead of timing out on its missing labels.
+pub fn publish_labels(store: &dyn Store, rank: usize, mine: &NodeLabels) -> Result<(), StoreError> {
+    let json = serde_json::to_vec(mine)
+        .map_err(|e| StoreError::Protocol(format!("encoding labels: {e}")))?;
+    store.set(&format!("{LABELS_KEY}/{rank}"), &json)
+}
+
 /// Publish this rank's labels, then wait for every rank's: every rank gets the same list, in
 /// rank order, so all of them derive the same groups.
 pub fn exchange_labels(
@@ -34,9 +43,7 @@ pub fn exchange_labels(
     mine: &NodeLabels,
     timeout: Duration,
 ) -> Result<Vec<NodeLabels>, StoreError> {
-    let json = serde_json::to_vec(mine)
-        .map_err(|e| StoreError::Protocol(format!("encoding labels: {e}")))?;
-    store.set(&format!("{LABELS_KEY}/{rank}"), &json)?;
+    publish_labels(store, rank, mine)?;
     let keys: Vec<String> = (0..size).map(|r| format!("{LABELS_KEY}/{r}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let values = store.wait(&refs, timeout).map_err(|e| match e {
