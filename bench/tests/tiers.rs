@@ -479,7 +479,8 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
         "every rank exits alike: {codes:?}\n{all}"
     );
     let stdout = text(&outs[0].stdout);
-    let _ = writeln!(std::io::stderr(), "{tag}: rank 0 stdout:\n{stdout}");
+    let report_text = stdout.find("# Topology tiers").map_or("", |i| &stdout[i..]);
+    let _ = writeln!(std::io::stderr(), "{tag}: rank 0's report:\n{report_text}");
     let report = json(&out_json.with_extension("0.json"));
     let tiers = report["tiers"]["tiers"].as_array().unwrap().clone();
     let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();

@@ -2,6 +2,7 @@
 //! come from (sources), and their exchange at rendezvous.
 
 pub mod http;
+pub mod hypernodes;
 pub mod model;
 pub mod presets;
 pub mod sources;

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
+use super::hypernodes::HYPERNODE_TIER_PREFIX;
 use super::model::{short_name, Level, TierModel};
 
 pub const OCI_ISLAND: &str = "oci.oraclecloud.com/rdma.hpc_island_id";
@@ -137,7 +138,10 @@ impl Preset {
                 add(TOPOGRAPH_ACCELERATOR);
                 TOPOGRAPH_V0.iter().for_each(|k| add(k));
             }
-            Preset::Volcano => VOLCANO.iter().for_each(|k| add(k)),
+            Preset::Volcano => {
+                (1..=16).for_each(|n| add(&format!("{HYPERNODE_TIER_PREFIX}{n}")));
+                VOLCANO.iter().for_each(|k| add(k));
+            }
             Preset::Custom(k) => k.iter().for_each(|k| add(k)),
             Preset::Auto => {
                 for p in conventions() {
@@ -209,7 +213,23 @@ impl Preset {
                 }
                 TierModel::new(v)
             }
-            Preset::Volcano => TierModel::from_keys(VOLCANO),
+            // HyperNode tiers (1 = closest): descending N is outermost first; without
+            // HyperNodes, the labels of Volcano's examples.
+            Preset::Volcano => {
+                let v: Vec<Level> = numbered(seen, HYPERNODE_TIER_PREFIX)
+                    .into_iter()
+                    .rev()
+                    .map(|(n, k)| Level {
+                        name: format!("hypernode-tier-{n}"),
+                        key: k.to_string(),
+                    })
+                    .collect();
+                if v.is_empty() {
+                    TierModel::from_keys(VOLCANO)
+                } else {
+                    TierModel::new(v)
+                }
+            }
             Preset::Custom(keys) if keys.is_empty() => Err(
                 "--topology-preset custom needs --topology-keys k1,k2,... (outermost first)".into(),
             ),
@@ -362,6 +382,14 @@ mod tests {
         let m = Preset::Volcano.resolve(&BTreeSet::new()).unwrap();
         assert_eq!(m.closest_first()[0].key, "volcano.sh/tor");
         assert_eq!(m.len(), 3);
+        // HyperNode tiers count up from the nodes.
+        let seen = set(&["topology.volcano.sh/tier-2", "topology.volcano.sh/tier-1"]);
+        let m = Preset::Volcano.resolve(&seen).unwrap();
+        assert_eq!(
+            keys_closest_first(&m),
+            ["topology.volcano.sh/tier-1", "topology.volcano.sh/tier-2"]
+        );
+        assert_eq!(m.closest_first()[1].name, "hypernode-tier-2");
         let c = Preset::Custom(vec!["dc".into(), "example.com/rack".into()]);
         let m = c.resolve(&BTreeSet::new()).unwrap();
         assert_eq!(keys_closest_first(&m), ["example.com/rack", "dc"]);

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::http;
+use super::hypernodes;
 use super::model::{is_placeholder, Labels};
 use super::presets::{
     Preset, OCI_GPU_MEMORY_FABRIC, OCI_HOST, OCI_ISLAND, OCI_LOCAL_BLOCK, OCI_NETWORK_BLOCK,
@@ -311,9 +312,26 @@ pub fn find_host<'a>(entries: &'a [(String, Labels)], node: &str) -> Option<&'a 
         .map(|(_, l)| l)
 }
 
-fn from_file(path: &Path, node: &str) -> Result<(Labels, String), SourceError> {
+/// `so_far`: the labels earlier sources gave, for HyperNode label selectors.
+fn from_file(path: &Path, node: &str, so_far: &Labels) -> Result<(Labels, String), SourceError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| err("file", format!("cannot read {}: {e}", path.display())))?;
+    if let Ok(doc) = serde_json::from_str::<Value>(&text) {
+        if hypernodes::is_hypernode_list(&doc) {
+            let (l, notes) = hypernodes::node_tiers(&doc, node, so_far)
+                .map_err(|e| err("file", format!("{}: {e}", path.display())))?;
+            let mut note = format!(
+                "{node} is in {} HyperNode tiers of {}",
+                l.len(),
+                path.display()
+            );
+            for n in notes {
+                note.push_str("; ");
+                note.push_str(&n);
+            }
+            return Ok((l, note));
+        }
+    }
     let entries =
         parse_node_labels(&text).map_err(|e| err("file", format!("{}: {e}", path.display())))?;
     Ok(match find_host(&entries, node) {
@@ -367,6 +385,16 @@ fn path_segment(s: &str) -> String {
         .collect()
 }
 
+/// GET `url` with the service-account token (if there is one) and its CA.
+fn k8s_get(cfg: &SourceConfig, url: &str) -> Result<http::Response, SourceError> {
+    let token = std::fs::read_to_string(cfg.service_account_dir.join("token")).ok();
+    let auth = token.as_ref().map(|t| format!("Bearer {}", t.trim()));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+    let ca = cfg.service_account_dir.join("ca.crt");
+    let ca = ca.exists().then_some(ca.as_path());
+    http::get(url, &headers, ca, cfg.timeout).map_err(|e| err("k8s", e))
+}
+
 /// GET /api/v1/nodes/<node> with the service-account token, if there is one.
 fn from_k8s(
     cfg: &SourceConfig,
@@ -375,16 +403,7 @@ fn from_k8s(
 ) -> Result<(Labels, String), SourceError> {
     let base = k8s_base(cfg, lookup)?;
     let url = format!("{base}/api/v1/nodes/{}", path_segment(node));
-    let token_path = cfg.service_account_dir.join("token");
-    let token = std::fs::read_to_string(&token_path).ok();
-    let ca = cfg.service_account_dir.join("ca.crt");
-    let auth = token.as_ref().map(|t| format!("Bearer {}", t.trim()));
-    let mut headers = Vec::new();
-    if let Some(a) = &auth {
-        headers.push(("Authorization", a.as_str()));
-    }
-    let ca = ca.exists().then_some(ca.as_path());
-    let r = http::get(&url, &headers, ca, cfg.timeout).map_err(|e| err("k8s", e))?;
+    let r = k8s_get(cfg, &url)?;
     match r.status {
         200 => {}
         401 | 403 => {
@@ -419,6 +438,40 @@ fn from_k8s(
         node_labels(&v).ok_or_else(|| err("k8s", format!("GET {url}: not a Node object")))?;
     let note = format!("{} labels of node {node} from {base}", labels.len());
     Ok((labels, note))
+}
+
+/// The HyperNodes holding `node`, from the API server (RBAC: list `hypernodes` in
+/// `topology.volcano.sh`). No HyperNode API (Volcano without network topology) is a note.
+fn hypernodes_from_k8s(
+    cfg: &SourceConfig,
+    node: &str,
+    node_labels: &Labels,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Labels, String), SourceError> {
+    let base = k8s_base(cfg, lookup)?;
+    let url = format!("{base}/apis/topology.volcano.sh/v1alpha1/hypernodes");
+    let r = k8s_get(cfg, &url)?;
+    match r.status {
+        200 => {}
+        404 => return Ok((Labels::new(), format!("no HyperNode API at {url}"))),
+        s => {
+            return Err(err(
+                "k8s",
+                format!(
+                    "GET {url}: HTTP {s}: listing HyperNodes needs RBAC list on hypernodes.topology.volcano.sh"
+                ),
+            ))
+        }
+    }
+    let doc: Value = serde_json::from_slice(&r.body)
+        .map_err(|e| err("k8s", format!("GET {url}: not JSON: {e}")))?;
+    let (l, notes) = hypernodes::node_tiers(&doc, node, node_labels).map_err(|e| err("k8s", e))?;
+    let mut note = format!("{node} is in {} HyperNode tiers", l.len());
+    for n in notes {
+        note.push_str("; ");
+        note.push_str(&n);
+    }
+    Ok((l, note))
 }
 
 /// What the OCI labeler does with an OCID: keep its last 11 characters.
@@ -513,9 +566,17 @@ pub fn gather(
                 let path = cfg.file.as_deref().ok_or_else(|| {
                     err("file", "--topology-source file needs --topology-file PATH")
                 })?;
-                from_file(path, node)?
+                from_file(path, node, &g.labels)?
             }
-            Source::K8s => from_k8s(cfg, node, lookup)?,
+            Source::K8s => {
+                let (mut l, mut n) = from_k8s(cfg, node, lookup)?;
+                if *preset == Preset::Volcano {
+                    let (h, hn) = hypernodes_from_k8s(cfg, node, &l, lookup)?;
+                    merge(&mut l, h);
+                    n = format!("{n}; {hn}");
+                }
+                (l, n)
+            }
             Source::OciImds => from_imds(cfg)?,
         };
         g.notes.push(format!("{}: {note}", src.name()));
@@ -758,6 +819,73 @@ mod tests {
             .unwrap(),
             "https://10.0.0.1:443"
         );
+    }
+
+    const HYPERNODES: &str = r#"{"kind":"List","items":[
+      {"kind":"HyperNode","metadata":{"name":"leaf-a"},"spec":{"tier":1,"members":[
+        {"type":"Node","selector":{"labelMatch":{"matchLabels":{"rack":"a"}}}}]}},
+      {"kind":"HyperNode","metadata":{"name":"spine"},"spec":{"tier":2,"members":[
+        {"type":"HyperNode","selector":{"exactMatch":{"name":"leaf-a"}}}]}}]}"#;
+
+    #[test]
+    fn hypernodes_from_a_file_and_from_the_api_server() {
+        // File: label selectors see the labels of the sources before it.
+        let path = std::env::temp_dir().join(format!("busbw-hn-{}.json", std::process::id()));
+        std::fs::write(&path, HYPERNODES).unwrap();
+        let cfg = SourceConfig {
+            sources: vec![Source::Env, Source::File],
+            file: Some(path.clone()),
+            ..SourceConfig::default()
+        };
+        let g = gather(
+            &cfg,
+            &Preset::Volcano,
+            "gpu-a",
+            &env(&[(TOPOLOGY_ENV, "rack=a")]),
+        )
+        .unwrap();
+        assert_eq!(g.labels["topology.volcano.sh/tier-1"], "leaf-a");
+        assert_eq!(g.labels["topology.volcano.sh/tier-2"], "spine");
+        assert!(g.notes[1].contains("2 HyperNode tiers"), "{:?}", g.notes);
+        let _ = std::fs::remove_file(&path);
+
+        // API server: the node, then the HyperNodes.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        let node = r#"{"kind":"Node","metadata":{"name":"gpu-a","labels":{"rack":"a"}}}"#;
+        std::thread::spawn(move || {
+            for s in l.incoming().take(2) {
+                let mut s = s.unwrap();
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut first = String::new();
+                r.read_line(&mut first).unwrap();
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                        break;
+                    }
+                }
+                let body = if first.contains("/hypernodes") {
+                    HYPERNODES
+                } else {
+                    node
+                };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(resp.as_bytes()).unwrap();
+            }
+        });
+        let cfg = SourceConfig {
+            sources: vec![Source::K8s],
+            k8s_url: Some(base),
+            service_account_dir: std::env::temp_dir().join("busbw-no-such-sa"),
+            ..SourceConfig::default()
+        };
+        let g = gather(&cfg, &Preset::Volcano, "gpu-a", &env(&[])).unwrap();
+        assert_eq!(g.labels["topology.volcano.sh/tier-1"], "leaf-a", "{g:?}");
+        assert_eq!(g.labels["rack"], "a");
     }
 
     #[test]
