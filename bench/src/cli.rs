@@ -58,6 +58,10 @@ pub enum Command {
     /// Recursive-doubling AllGather (power-of-two rank counts).
     #[command(name = "hypercube_perf", visible_alias = "hypercube")]
     Hypercube(PerfArgs),
+    /// Bus bandwidth per topology tier, a pairwise link matrix, and a verdict that names
+    /// the slow nodes and links (docs/tiers.md).
+    #[command(name = "tiers")]
+    Tiers(Box<TiersArgs>),
 }
 
 impl Command {
@@ -73,6 +77,7 @@ impl Command {
             Command::Gather(_) => "gather_perf",
             Command::Sendrecv(_) => "sendrecv_perf",
             Command::Hypercube(_) => "hypercube_perf",
+            Command::Tiers(_) => "tiers",
         }
     }
     pub fn args(&self) -> &PerfArgs {
@@ -87,6 +92,7 @@ impl Command {
             | Command::Gather(a)
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
+            Command::Tiers(t) => &t.perf,
         }
     }
 }
@@ -263,6 +269,67 @@ pub struct PerfArgs {
     /// Test hook: corrupt one result element on this rank after each validation run.
     #[arg(long = "debug-corrupt-rank", hide = true)]
     pub debug_corrupt_rank: Option<usize>,
+}
+
+/// `busbw tiers`: the usual size and iteration flags plus where the topology comes from and
+/// what counts as a pass.
+#[derive(Args, Debug, Clone)]
+#[command(
+    after_help = "Examples:\n  BUSBW_TOPOLOGY=oci.oraclecloud.com/rdma.local_block_id=lb1 busbw tiers -b 1M -e 64M -f 4\n  \
+busbw tiers --topology-source file --topology-file nodes.json --min-busbw-tier local_block=40\n\n\
+Exit codes as for *_perf; 7 also when a tier is under --min-busbw-tier or a node or link is named slow."
+)]
+pub struct TiersArgs {
+    #[command(flatten)]
+    pub perf: PerfArgs,
+    /// Collective run in every group of every tier.
+    #[arg(long = "collective", default_value = "all_reduce_perf")]
+    pub collective: String,
+    /// Label convention: auto, oci, gke, aws, topograph, volcano, or custom (--topology-keys).
+    #[arg(long = "topology-preset", default_value = "auto")]
+    pub preset: String,
+    /// Label keys for --topology-preset custom, outermost first (k1,k2,...).
+    #[arg(long = "topology-keys", value_delimiter = ',')]
+    pub keys: Vec<String>,
+    /// Where labels come from, in order, combined: env, file, k8s, oci-imds.
+    /// [default: env, plus file when --topology-file is given]
+    #[arg(long = "topology-source")]
+    pub source: Option<String>,
+    /// Node-labels file: `kubectl get nodes -o json`, or a JSON/YAML map host -> labels.
+    #[arg(long = "topology-file")]
+    pub file: Option<std::path::PathBuf>,
+    /// Kubernetes API base URL [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT].
+    #[arg(long = "topology-k8s-url")]
+    pub k8s_url: Option<String>,
+    /// OCI instance metadata base URL.
+    #[arg(
+        long = "topology-imds-url",
+        default_value = "http://169.254.169.254/opc/v2"
+    )]
+    pub imds_url: String,
+    /// This node's name in the labels file and the API (the downward API's spec.nodeName)
+    /// [default: the host name].
+    #[arg(long = "node-name", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Message size of the pairwise sendrecv.
+    #[arg(long = "pairwise-size", default_value = "64M", value_parser = parse_size_arg)]
+    pub pairwise_size: u64,
+    /// Timed sendrecv operations per pair.
+    #[arg(long = "pairwise-iters", default_value_t = 5)]
+    pub pairwise_iters: u32,
+    /// Skip the pairwise link matrix.
+    #[arg(long = "no-pairwise")]
+    pub no_pairwise: bool,
+    /// Fail (exit 7) when a tier's slowest group is under 0.9 x this many GB/s at the largest
+    /// size: tier=GB/s, repeatable or comma-separated; tier is its name or label key.
+    #[arg(long = "min-busbw-tier", value_delimiter = ',')]
+    pub min_busbw_tier: Vec<String>,
+    /// A link is slow when more than this fraction (and 3 MADs) below its tier's median.
+    #[arg(long = "slow-fraction", default_value_t = 0.25)]
+    pub slow_fraction: f64,
+    /// Also write {header, rows, tiers} as JSON to this file (atomically, on rank 0).
+    #[arg(long = "export-json")]
+    pub export_json: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]

@@ -9,11 +9,15 @@ mod plan;
 mod session;
 mod sizes;
 mod specs;
+mod tiers;
 
 use clap::Parser;
 
 fn main() {
     let cli = cli::Cli::parse();
+    if let cli::Command::Tiers(t) = &cli.command {
+        std::process::exit(tiers::main(t));
+    }
     let code = match specs::find(cli.command.program()) {
         Some(spec) => perf::main(spec, cli.command.args()),
         None => {

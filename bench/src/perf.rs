@@ -16,7 +16,16 @@ use busbw_reports::{Footer, RunHeader, Sink, TextTable};
 /// The nccl-tests release whose output format and semantics we reproduce.
 pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
 
+/// What a rank does once it has joined the job; returns its exit code.
+pub type Work<'a> = &'a dyn Fn(&mut Session, &Plan, &World) -> Result<i32>;
+
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
+    main_with(spec, args, &|session, plan, _| sweep(session, plan))
+}
+
+/// [`main`] with other per-rank work than the sweep (`busbw tiers`): the same launch,
+/// rendezvous, error reporting and exit codes.
+pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> i32 {
     let plan = match Plan::new(spec, args) {
         Ok(p) => p,
         Err(msg) => {
@@ -52,7 +61,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
             );
         }
         return match (args.np, args.nproc_per_node) {
-            (1, 1) => run_rank(World::single(), &plan, args),
+            (1, 1) => run_rank(World::single(), &plan, args, work),
             (1, g) | (g, 1) => launch_local(g, &plan, token),
             (np, g) => {
                 eprintln!("busbw: error: --np {np} and --nproc-per-node {g}: give one of them");
@@ -76,7 +85,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
         }
     }
     if d.launched {
-        return run_rank(d.world, &plan, args);
+        return run_rank(d.world, &plan, args, work);
     }
     if args.np != 1 {
         eprintln!(
@@ -92,7 +101,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
     if args.nproc_per_node > 1 {
         return launch_pod(&d.world, args.nproc_per_node, &plan, token);
     }
-    run_rank(d.world, &plan, args)
+    run_rank(d.world, &plan, args, work)
 }
 
 fn own_exe() -> Result<std::path::PathBuf, i32> {
@@ -157,6 +166,12 @@ pub fn classify(e: &anyhow::Error) -> i32 {
                 CommError::Aborted { .. } | CommError::Transport { .. } => exit::PEER_FAILURE,
                 _ => exit::INTERNAL,
             };
+        }
+        if cause
+            .downcast_ref::<busbw_launchers::topology::SourceError>()
+            .is_some()
+        {
+            return exit::USAGE; // a topology source as configured cannot be read
         }
         if let Some(s) = cause.downcast_ref::<StoreError>() {
             return match s {
@@ -243,7 +258,7 @@ fn is_abort(e: &anyhow::Error) -> bool {
     })
 }
 
-fn run_rank(world: World, plan: &Plan, args: &PerfArgs) -> i32 {
+fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     if let Some(spec) = &args.socket_ifname {
         // Checked before joining, so that a typo is a usage error on the host that has it
         // rather than a peer failure everywhere else.
@@ -257,6 +272,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs) -> i32 {
     }
     let rank = world.rank;
     let host = world.hostname.clone();
+    let me = world.clone();
     let session = if world.size == 1 && world.master_addr.is_empty() {
         Session::single(world, plan)
     } else {
@@ -273,7 +289,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs) -> i32 {
             return classify(&e);
         }
     };
-    match sweep(&mut session, plan) {
+    match work(&mut session, plan, &me) {
         Ok(code) => code,
         Err(e) => {
             let code = classify(&e);
@@ -326,7 +342,39 @@ fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
         return Ok(exit::USAGE);
     }
     let mut table = TextTable::new(std::io::stdout().lock());
-    let header = RunHeader {
+    let header = run_header(session, plan);
+    if rank0 {
+        table.header(&header)?;
+    }
+    let n = session.comm.size();
+    let summary = match (plan.spec.skip)(n) {
+        Some(why) => {
+            if rank0 {
+                table.note(&why)?;
+            }
+            harness::Summary::default()
+        }
+        None => {
+            let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
+            harness::run(&mut session.comm, plan, sink)?
+        }
+    };
+    let footer = footer(plan, &summary);
+    if rank0 {
+        table.footer(&footer)?;
+    }
+    session.finish()?;
+    let bw_ok = footer.bandwidth_ok().unwrap_or(true);
+    Ok(if summary.out_of_bounds > 0 || !bw_ok {
+        exit::WRONG_RESULTS
+    } else {
+        exit::OK
+    })
+}
+
+/// The table header of a run on `session`'s communicator.
+pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
+    RunHeader {
         program: plan.spec.program.into(),
         version_line: format!(
             "nccl-tests version {NCCL_TESTS_COMPAT} busbw-version={} transport={}",
@@ -350,38 +398,16 @@ fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
         } else {
             vec![]
         },
-    };
-    if rank0 {
-        table.header(&header)?;
     }
-    let n = session.comm.size();
-    let summary = match (plan.spec.skip)(n) {
-        Some(why) => {
-            if rank0 {
-                table.note(&why)?;
-            }
-            harness::Summary::default()
-        }
-        None => {
-            let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
-            harness::run(&mut session.comm, plan, sink)?
-        }
-    };
-    let footer = Footer {
+}
+
+/// The table footer of a finished sweep.
+pub fn footer(plan: &Plan, summary: &harness::Summary) -> Footer {
+    Footer {
         program: plan.spec.program.into(),
         out_of_bounds: summary.out_of_bounds,
         avg_busbw: summary.avg_busbw(),
         min_busbw: plan.min_busbw,
         error: None,
-    };
-    if rank0 {
-        table.footer(&footer)?;
     }
-    session.finish()?;
-    let bw_ok = footer.bandwidth_ok().unwrap_or(true);
-    Ok(if summary.out_of_bounds > 0 || !bw_ok {
-        exit::WRONG_RESULTS
-    } else {
-        exit::OK
-    })
 }

@@ -56,7 +56,10 @@ pub struct JoinOptions {
 /// The address peers should use to reach this host: the interface `--socket-ifname` names;
 /// else loopback when the job is local; else the address of the interface that routes to the
 /// store host (no packet is sent).
-fn local_address(world: &World, ifname: Option<&str>) -> Result<(IpAddr, Option<IpAddr>)> {
+pub(crate) fn local_address(
+    world: &World,
+    ifname: Option<&str>,
+) -> Result<(IpAddr, Option<IpAddr>)> {
     if let Some(spec) = ifname {
         let i = busbw_transports::iface::select(spec).map_err(anyhow::Error::msg)?;
         return Ok((i.addr, None));
@@ -279,9 +282,14 @@ impl Session {
 
         let abort = Abort::new();
         rdv.watch_abort(abort.clone())?;
-        let local_ranks = nodes
+        // Ranks that share this machine's cores: the same boot id (the part of the node
+        // identity after the host name), which network namespaces and containers on one
+        // machine share even where their host names differ (a simulated cluster).
+        let boot = |id: &str| id.rsplit('/').next().unwrap_or_default().to_string();
+        let my_boot = node_ids.get(rank).map(|id| boot(id));
+        let local_ranks = node_ids
             .iter()
-            .filter(|&&x| Some(&x) == nodes.get(rank))
+            .filter(|id| Some(boot(id)) == my_boot)
             .count();
         let mut comm = Communicator::new(
             match multi {
@@ -342,7 +350,7 @@ pub fn join_rendezvous(world: &World, plan: &Plan, opts: &JoinOptions) -> Result
     })
 }
 
-/// `local_ranks`: ranks on this node, which decides how a waiting rank may use its core.
+/// `local_ranks`: ranks on this machine, which decides how a waiting rank may use its core.
 fn comm_config(plan: &Plan, abort: &Abort, local_ranks: usize) -> CommConfig {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     CommConfig {

@@ -3,6 +3,7 @@
 # namespaces, for testing and benchmarking busbw's cluster launch without a cluster.
 #
 #   simcluster.sh up <name> K [--rate RATE] [--mtu N]   build cluster <name> with nodes node0..node<K-1>
+#         [--blocks L,N [--tier-rates R0,R1,R2] [--throttle I,...]]   a topology (see below)
 #   simcluster.sh exec <name> <i> <cmd...>    run cmd on node i (its network, hostname node<i>)
 #   simcluster.sh kill-node <name> <i>        node i fails: its link goes dark, its processes die
 #   simcluster.sh down <name>                 remove everything of <name> (idempotent)
@@ -18,12 +19,19 @@
 #   /etc/netns/<name>-n<i>/hostname     node<i>
 #   With --rate, a full-duplex link of that rate: tbf on eth0 (the node's egress, inside
 #   its namespace) and on p<i> (the switch's egress towards the node).
+#   With --blocks L,N, a two-level fabric: consecutive nodes form local blocks of L nodes and
+#   network blocks of N nodes (one HPC island), described in OCI's node labels in
+#   /run/simcluster/<name>.labels.json (a map host -> labels; local block ids repeat under
+#   each network block, as real ids may). --tier-rates shapes every node's egress per
+#   destination (htb, one class per tier, u32 filters on the destination address): R0 to
+#   its local block, R1 to the rest of its network block, R2 to other network blocks.
+#   --throttle halves all rates of the nodes listed (a node with a bad NIC or cable).
 # Nothing is created in the root network namespace. Needs root, iproute2 and util-linux.
 set -euo pipefail
 
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 1; }
-usage() { sed -n '2,11s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 check_name() {
     [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
@@ -79,7 +87,7 @@ cmd_down() {
     for d in /etc/netns/"$name"-n*; do
         if [[ -d $d && ${d##*/} =~ ^${name}-n[0-9]+$ ]]; then rm -rf -- "$d"; fi
     done
-    rm -f "/run/simcluster/$name.env"
+    rm -f "/run/simcluster/$name.env" "/run/simcluster/$name.labels.json"
     # /etc/netns and /run/simcluster stay (empty): removing them would race with an `up` of
     # another cluster running at the same time.
     return 0
@@ -105,19 +113,98 @@ rate_bits() {
     echo "$n"
 }
 
+# Burst for an htb class of RATE: ~4 ms of traffic, at least 64 KiB (one GSO packet).
+htb_burst() {
+    local b
+    b=$(($(rate_bits "$1") / 8 / 250))
+    ((b >= 65536)) || b=65536
+    echo "$b"
+}
+
+# Rate $1 halved when node $2 is throttled, in kbit (tc syntax).
+node_rate() {
+    local kbit=$(($(rate_bits "$1") / 1000)) t
+    for t in ${THROTTLE//,/ }; do
+        if [[ $t == "$2" ]]; then kbit=$((kbit / 2)); fi
+    done
+    echo "${kbit}kbit"
+}
+
+# Per-destination egress shaping of node $2 (namespace $1) for the tiers of --blocks.
+shape_tiers() {
+    local ns=$1 i=$2 j class r c
+    local -a rates
+    IFS=, read -r -a rates <<<"$TIER_RATES"
+    ip -n "$ns" link set eth0 txqueuelen 1000
+    tc -n "$ns" qdisc replace dev eth0 root handle 1: htb default 30
+    tc -n "$ns" class add dev eth0 parent 1: classid 1:1 htb rate 100gbit quantum 65536
+    for c in 0 1 2; do
+        r=$(node_rate "${rates[$c]}" "$i")
+        tc -n "$ns" class add dev eth0 parent 1:1 classid "1:$((c + 1))0" htb rate "$r" \
+            ceil "$r" burst "$(htb_burst "$r")" cburst "$(htb_burst "$r")" prio 1 quantum 65536
+    done
+    # Pure ACKs (IP packets under 128 bytes) first, in a class of their own: behind a full
+    # queue of data they would throttle the opposite direction, and a bidirectional test
+    # would measure the queue instead of the link (this kernel has no fq_codel or sfq).
+    tc -n "$ns" class add dev eth0 parent 1:1 classid 1:5 htb rate 10mbit ceil 1gbit prio 0 quantum 65536
+    tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 1 u32 \
+        match ip protocol 6 0xff match u16 0x0000 0xff80 at 2 flowid 1:5
+    for ((j = 0; j < K; j++)); do
+        ((j != i)) || continue
+        if ((j / LB == i / LB)); then class=10; elif ((j / NB == i / NB)); then class=20; else class=30; fi
+        tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 2 u32 \
+            match ip dst "$NET.$((j + 1))/32" flowid "1:$class"
+    done
+}
+
+# OCI's labels for --blocks: a map host -> labels.
+labels_json() {
+    local i sep=""
+    printf '{\n'
+    for ((i = 0; i < K; i++)); do
+        printf '%s  "node%d": {"oci.oraclecloud.com/rdma.hpc_island_id": "island0", ' "$sep" "$i"
+        printf '"oci.oraclecloud.com/rdma.network_block_id": "nb%d", ' $((i / NB))
+        printf '"oci.oraclecloud.com/rdma.local_block_id": "lb%d", ' $(((i % NB) / LB))
+        printf '"oci.oraclecloud.com/rdma.host_id": "host%d"}' "$i"
+        sep=$',\n'
+    done
+    printf '\n}\n'
+}
+
 cmd_up() {
     local name=$1 k=$2
     shift 2
-    local rate="" mtu=1500
+    local rate="" mtu=1500 blocks=""
+    TIER_RATES="" THROTTLE=""
     while (($#)); do
         case $1 in
         --rate) rate=${2:?--rate needs a value}; shift 2 ;;
         --rate=*) rate=${1#--rate=}; shift ;;
         --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
         --mtu=*) mtu=${1#--mtu=}; shift ;;
+        --blocks) blocks=${2:?--blocks needs L,N}; shift 2 ;;
+        --tier-rates) TIER_RATES=${2:?--tier-rates needs R0,R1,R2}; shift 2 ;;
+        --throttle) THROTTLE=${2:?--throttle needs node indices}; shift 2 ;;
         *) die "up: unknown option '$1'" ;;
         esac
     done
+    K=$k
+    if [[ -n $blocks ]]; then
+        [[ $blocks =~ ^([0-9]+),([0-9]+)$ ]] || die "up: --blocks must be L,N (nodes per local block, per network block)"
+        LB=${BASH_REMATCH[1]} NB=${BASH_REMATCH[2]}
+        ((LB >= 1 && NB >= LB && NB % LB == 0)) || die "up: --blocks $blocks: N must be a multiple of L"
+        [[ -z $rate ]] || die "up: --rate and --blocks exclude each other (use --tier-rates)"
+    fi
+    if [[ -n $TIER_RATES ]]; then
+        [[ -n $blocks ]] || die "up: --tier-rates needs --blocks"
+        local -a tr
+        IFS=, read -r -a tr <<<"$TIER_RATES"
+        ((${#tr[@]} == 3)) || die "up: --tier-rates needs three rates R0,R1,R2"
+        for r in "${tr[@]}"; do rate_bits "$r" >/dev/null; done
+    fi
+    [[ -z $THROTTLE || $THROTTLE =~ ^[0-9]+(,[0-9]+)*$ ]] || die "up: --throttle takes node indices, e.g. 5 or 2,5"
+    [[ -z $THROTTLE || -n $TIER_RATES ]] || die "up: --throttle needs --tier-rates"
+
     check_name "$name"
     [[ $k =~ ^[0-9]+$ ]] && ((k >= 1 && k <= 200)) || die "up: K must be 1..200, got '$k'"
     [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 1280 && mtu <= 65535)) || die "up: --mtu must be 1280..65535, got '$mtu'"
@@ -138,6 +225,7 @@ cmd_up() {
 
     local net sw i ns
     net=$(subnet "$name")
+    NET=$net
     sw=$(sw_ns "$name")
     ip netns add "$sw"
     ip -n "$sw" link set lo up
@@ -168,11 +256,17 @@ cmd_up() {
             shape "$ns" eth0 "$rate"
             shape "$sw" "p$i" "$rate"
         fi
+        if [[ -n $TIER_RATES ]]; then shape_tiers "$ns" "$i"; fi
     done
     mkdir -p /run/simcluster
     printf 'K=%d\nSUBNET=%s.0/24\nRATE=%s\n' "$k" "$net" "$rate" >"/run/simcluster/$name.env"
+    if [[ -n $blocks ]]; then
+        labels_json >"/run/simcluster/$name.labels.json"
+        printf 'BLOCKS=%s\nTIER_RATES=%s\nTHROTTLE=%s\nLABELS=%s\n' "$blocks" "$TIER_RATES" \
+            "$THROTTLE" "/run/simcluster/$name.labels.json" >>"/run/simcluster/$name.env"
+    fi
     trap - EXIT INT TERM
-    echo "cluster $name: $k nodes node0..node$((k - 1)) on $net.0/24${rate:+, links shaped to $rate}"
+    echo "cluster $name: $k nodes node0..node$((k - 1)) on $net.0/24${rate:+, links shaped to $rate}${blocks:+, blocks $blocks}${TIER_RATES:+, tier rates $TIER_RATES}${THROTTLE:+, throttled: $THROTTLE}"
 }
 
 node_exists() {

@@ -18,6 +18,8 @@
 //! - [`store`]: the key/value store (in-process and TCP) the ranks rendezvous through.
 //! - [`token`]: the job token that keeps other jobs out of the store.
 //! - [`mod@rendezvous`]: joining the job, barriers, abort broadcast, orderly shutdown.
+//! - [`topology`]: node labels, their conventions and sources, and the tier model built on
+//!   them (for `busbw tiers`).
 //! - [`local`]: the `--np N` launcher that runs a whole job on this host, and the
 //!   `--nproc-per-node G` launcher that runs this pod's share of a cluster job.
 
@@ -26,6 +28,7 @@ pub mod local;
 pub mod rendezvous;
 pub mod store;
 pub mod token;
+pub mod topology;
 pub mod world;
 
 pub use detect::{

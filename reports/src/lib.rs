@@ -14,9 +14,11 @@
 pub mod fmt;
 pub mod record;
 pub mod table;
+pub mod tiers;
 
 pub use record::{Cell, DeviceInfo, Footer, Row, RunHeader, Step};
 pub use table::{busbw_average, TextTable};
+pub use tiers::TierReport;
 
 /// Receives a run as it happens: one header, rows as sizes complete, one footer.
 ///
@@ -26,6 +28,12 @@ pub trait Sink {
     fn header(&mut self, h: &RunHeader) -> std::io::Result<()>;
     fn row(&mut self, r: &Row) -> std::io::Result<()>;
     fn footer(&mut self, f: &Footer) -> std::io::Result<()>;
+    /// The tier table, link matrix and verdict of `busbw tiers`, after the footer. Sinks
+    /// that have no place for them ignore them.
+    fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
+        let _ = report;
+        Ok(())
+    }
 }
 
 /// Lets callers keep ownership of a sink (e.g. to inspect a buffer afterwards)
@@ -40,6 +48,9 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         (**self).footer(f)
     }
+    fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
+        (**self).tiers(report)
+    }
 }
 
 /// Allows heterogeneous sinks to be chosen at runtime (`Box<dyn Sink>`).
@@ -52,5 +63,8 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
     }
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         (**self).footer(f)
+    }
+    fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
+        (**self).tiers(report)
     }
 }

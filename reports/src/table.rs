@@ -264,4 +264,11 @@ impl<W: Write> Sink for TextTable<W> {
         }
         Ok(())
     }
+
+    fn tiers(&mut self, report: &crate::TierReport) -> io::Result<()> {
+        for l in crate::tiers::tier_lines(report) {
+            self.line(&l)?;
+        }
+        Ok(())
+    }
 }

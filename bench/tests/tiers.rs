@@ -1,0 +1,604 @@
+//! `busbw tiers` end to end. Local jobs (any machine): the node tier, the JSON export, the
+//! per-tier gate and bad input. Simulated cluster (root): 8 nodes in 2 network blocks of 2
+//! local blocks, each tier's links shaped slower than the one below, once with one node
+//! throttled to half rate and once without; the report must give each tier its shaped
+//! bandwidth and the verdict must name the throttled node and nobody else.
+
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const BUSBW: &str = env!("CARGO_BIN_EXE_busbw");
+
+fn busbw() -> Command {
+    let mut c = Command::new(BUSBW);
+    c.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        c.env("PATH", path);
+    }
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("busbw-tiers-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn json(path: &std::path::Path) -> Value {
+    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}\n{s}", path.display()))
+}
+
+#[test]
+fn local_job_reports_the_node_tier_and_exports_json() {
+    let labels = tmp("labels.yaml");
+    std::fs::write(
+        &labels,
+        format!(
+            "{}:\n  oci.oraclecloud.com/rdma.local_block_id: lb1\n  oci.oraclecloud.com/rdma.network_block_id: no-imds-data\n",
+            hostname()
+        ),
+    )
+    .unwrap();
+    let out_json = tmp("local.json");
+    let out = busbw()
+        .args([
+            "tiers", "--np", "2", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2",
+        ])
+        .arg("--topology-file")
+        .arg(&labels)
+        .arg("--export-json")
+        .arg(&out_json)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    // The main table first, then the tiers and the verdict.
+    let footer = stdout
+        .find("# Avg bus bandwidth")
+        .expect("main table footer");
+    let tiers = stdout
+        .find("# Topology tiers (preset oci")
+        .expect("tier table");
+    let verdict = stdout.find("# Verdict: PASS").expect("verdict");
+    assert!(footer < tiers && tiers < verdict, "{stdout}");
+    assert!(stdout.contains("# node "), "{stdout}");
+    let j = json(&out_json);
+    assert_eq!(j["header"]["program"], "all_reduce_perf");
+    assert_eq!(j["rows"].as_array().unwrap().len(), 2);
+    let t = &j["tiers"];
+    assert_eq!(t["preset"], "oci");
+    let tiers = t["tiers"].as_array().unwrap();
+    let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["node", "host", "local_block", "network_block", "hpc_island"]
+    );
+    // Both ranks on this host: the node tier is the whole job, two sizes.
+    assert_eq!(tiers[0]["ranks_max"], 2);
+    assert_eq!(tiers[0]["sizes"].as_array().unwrap().len(), 2);
+    assert!(tiers[0]["sizes"][1]["median"].as_f64().unwrap() > 0.0);
+    // The placeholder makes the network block (and everything above it) unknown.
+    assert_eq!(tiers[3]["unknown_nodes"][0], hostname());
+    assert_eq!(t["verdict"]["unknown_nodes"][0], hostname());
+    assert!(t["matrix"].is_null(), "one node: no pairs");
+    // No temporary file left beside the report.
+    let dir: Vec<_> = std::fs::read_dir(out_json.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
+        .collect();
+    assert!(dir.is_empty(), "{dir:?}");
+}
+
+/// A stand-in for the API server and the metadata service on 127.0.0.1: answers every
+/// request by path until the test ends; the request lines come back through the channel.
+fn stand_in(
+    routes: Vec<(&'static str, u16, String)>,
+) -> (String, std::sync::mpsc::Receiver<Vec<String>>) {
+    use std::io::{BufRead, BufReader};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut req = Vec::new();
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                req.push(line.trim_end().to_string());
+            }
+            let path = req
+                .first()
+                .and_then(|l| l.split(' ').nth(1))
+                .unwrap_or("")
+                .to_string();
+            let (status, body) = routes
+                .iter()
+                .find(|(p, _, _)| *p == path)
+                .map(|(_, st, b)| (*st, b.clone()))
+                .unwrap_or((404, "not found".into()));
+            let _ = tx.send(req);
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (base, rx)
+}
+
+#[test]
+fn labels_from_the_api_server_and_instance_metadata() {
+    let node = r#"{"kind":"Node","metadata":{"name":"gpu-a","labels":{
+        "oci.oraclecloud.com/rdma.local_block_id":"no-imds-data",
+        "oci.oraclecloud.com/rdma.hpc_island_id":"isl-k8s"}}}"#;
+    let imds = r#"{"customerHPCIslandId":"ocid1.hpcisland.oc1..aaaaisland01",
+        "customerNetworkBlock":"ocid1.networkblock.oc1..aaaaanblock01",
+        "customerLocalBlock":"ocid1.localblock.oc1..aaaaalblock01",
+        "customerHostId":"ocid1.host.oc1..aaaaaaahost01"}"#;
+    let (base, rx) = stand_in(vec![
+        ("/api/v1/nodes/gpu-a", 200, node.to_string()),
+        ("/opc/v2/host/rdmaTopologyData", 200, imds.to_string()),
+    ]);
+    let out_json = tmp("k8s.json");
+    let out = busbw()
+        .args(["tiers", "--np", "2", "-b", "64K", "-e", "64K", "-n", "1"])
+        .args([
+            "--topology-source",
+            "k8s,oci-imds",
+            "--topology-preset",
+            "oci",
+        ])
+        .args(["--topology-k8s-url", &base])
+        .args(["--topology-imds-url", &format!("{base}/opc/v2")])
+        .env("NODE_NAME", "gpu-a")
+        .arg("--export-json")
+        .arg(&out_json)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let j = json(&out_json);
+    let labels = &j["tiers"]["nodes"][0]["labels"];
+    // The API server's real value is kept; its placeholder is filled from the metadata.
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.hpc_island_id"], "isl-k8s",
+        "{j}"
+    );
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.local_block_id"], "aaalblock01",
+        "{j}"
+    );
+    assert_eq!(
+        labels["oci.oraclecloud.com/rdma.network_block_id"], "aaanblock01",
+        "{j}"
+    );
+    assert!(
+        j["tiers"]["verdict"]["unknown_nodes"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{j}"
+    );
+    let reqs: Vec<Vec<String>> = rx.try_iter().collect();
+    assert_eq!(reqs.len(), 4, "two ranks, two sources each: {reqs:?}");
+    let imds_reqs: Vec<&Vec<String>> = reqs
+        .iter()
+        .filter(|r| r[0].starts_with("GET /opc/v2/host/rdmaTopologyData "))
+        .collect();
+    assert_eq!(imds_reqs.len(), 2, "{reqs:?}");
+    assert!(imds_reqs
+        .iter()
+        .all(|r| r.iter().any(|l| l == "Authorization: Bearer Oracle")));
+}
+
+#[test]
+fn tier_threshold_fails_the_run_with_7() {
+    let out = busbw()
+        .args(["tiers", "--np", "2", "-b", "64K", "-e", "64K", "-n", "2"])
+        .args(["--min-busbw-tier", "node=100000"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("# Verdict: FAIL"), "{stdout}");
+    assert!(stdout.contains("tier node below its threshold"), "{stdout}");
+    assert!(stdout.contains("no topology labels found"), "{stdout}");
+}
+
+#[test]
+fn bad_topology_flags_are_usage_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--topology-preset", "azure"],
+            "unknown topology preset 'azure'",
+        ),
+        (&["--topology-preset", "custom"], "--topology-keys"),
+        (
+            &["--topology-keys", "a,b"],
+            "needs --topology-preset custom",
+        ),
+        (
+            &["--topology-source", "env,dns"],
+            "unknown topology source 'dns'",
+        ),
+        (&["--topology-source", "file"], "--topology-file"),
+        (&["--min-busbw-tier", "local_block"], "expected tier=GB/s"),
+        (
+            &["--min-busbw-tier", "local_block=fast"],
+            "not a non-negative number",
+        ),
+        (&["--collective", "nope"], "no such collective"),
+        (
+            &["--min-busbw-tier", "rack=1"],
+            "no such tier; the tiers are node",
+        ),
+        (&["--topology-source", "k8s"], "KUBERNETES_SERVICE_HOST"),
+    ];
+    for (args, want) in cases {
+        let out = busbw()
+            .args(["tiers", "-b", "1K", "-e", "1K", "-n", "1"])
+            .args(*args)
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: wanted {want:?} in {err}");
+    }
+    // A placeholder in BUSBW_TOPOLOGY is unknown, a malformed item is an error.
+    let out = busbw()
+        .args(["tiers", "-b", "1K", "-e", "1K", "-n", "1"])
+        .env("BUSBW_TOPOLOGY", "oci.oraclecloud.com/rdma.local_block_id")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("BUSBW_TOPOLOGY"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The simulated cluster (root only).
+
+fn script() -> String {
+    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+extern "C" {
+    fn geteuid() -> u32;
+}
+
+fn can_run(test: &str) -> bool {
+    static WHY: OnceLock<Option<String>> = OnceLock::new();
+    let why = WHY.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { geteuid() };
+        if euid != 0 {
+            return Some(format!("euid is {euid}, not 0"));
+        }
+        let ok = |p: &str, a: &[&str]| {
+            Command::new(p)
+                .args(a)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        if !ok("ip", &["netns", "list"]) || !ok("tc", &["-V"]) {
+            return Some("iproute2 (ip, tc) is missing".into());
+        }
+        if !ok("unshare", &["--net", "--uts", "true"]) {
+            return Some("`unshare --net --uts` is not permitted here".into());
+        }
+        None
+    });
+    match why {
+        None => true,
+        Some(why) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipping {test}: needs root for network namespaces and tc ({why})"
+            );
+            false
+        }
+    }
+}
+
+/// Shaped rates of the tiers, Mbit/s: local block, network block, across network blocks.
+const RATES_MBIT: [f64; 3] = [200.0, 100.0, 50.0];
+
+struct Cluster {
+    name: String,
+}
+
+impl Cluster {
+    fn up(tag: &str, throttle: Option<usize>) -> Cluster {
+        let name = format!("bt{}-{tag}", std::process::id());
+        let _ = Command::new("bash")
+            .args([&script(), "down", &name])
+            .output();
+        let rates = RATES_MBIT.map(|r| format!("{r}mbit")).join(",");
+        let mut c = Command::new("bash");
+        c.args([
+            &script(),
+            "up",
+            &name,
+            "8",
+            "--mtu",
+            "9000",
+            "--blocks",
+            "2,4",
+        ])
+        .args(["--tier-rates", &rates]);
+        if let Some(t) = throttle {
+            c.args(["--throttle", &t.to_string()]);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "up: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        Cluster { name }
+    }
+
+    fn labels(&self) -> String {
+        format!("/run/simcluster/{}.labels.json", self.name)
+    }
+
+    /// One rank per node, torchrun variables, store on node0.
+    fn run(&self, port: u16, out_json: &std::path::Path) -> Vec<Output> {
+        let children: Vec<Child> = (0..8)
+            .map(|i| {
+                let mut c = Command::new("bash");
+                c.args([
+                    &script(),
+                    "exec",
+                    &self.name,
+                    &i.to_string(),
+                    BUSBW,
+                    "tiers",
+                ])
+                .args([
+                    "-b", "2M", "-e", "2M", "-n", "4", "-w", "1", "-c", "0", "-T", "120",
+                ])
+                .args([
+                    "--topology-preset",
+                    "oci",
+                    "--topology-file",
+                    &self.labels(),
+                ])
+                .args([
+                    "--pairwise-size",
+                    "1M",
+                    "--pairwise-iters",
+                    "3",
+                    "--transport",
+                    "tcp",
+                ])
+                .arg("--export-json")
+                .arg(out_json.with_extension(format!("{i}.json")));
+                c.env_clear()
+                    .env(
+                        "PATH",
+                        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    )
+                    .env("RANK", i.to_string())
+                    .env("WORLD_SIZE", "8")
+                    .env("MASTER_ADDR", "node0")
+                    .env("MASTER_PORT", port.to_string())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                c.spawn().unwrap()
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .args([&script(), "down", &self.name])
+            .output();
+    }
+}
+
+/// The shaped cluster tests one at a time: two shaped clusters at once on two cores would
+/// measure each other.
+static SHAPED: Mutex<()> = Mutex::new(());
+
+/// GB/s of a shaped rate at MTU 9000 (TCP/IP headers of 66 bytes per 8948 of payload).
+fn goodput(mbit: f64) -> f64 {
+    mbit * 1e6 / 8.0 / 1e9 * 8948.0 / 9014.0
+}
+
+fn within(measured: f64, expected: f64, frac: f64) -> bool {
+    (measured / expected - 1.0).abs() <= frac
+}
+
+/// Runs the job; checks the tiers against the shaping (skipping groups with the throttled
+/// node) and returns rank 0's exit code, stdout and the report.
+fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, String, Value) {
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up(tag, throttle);
+    let out_json = tmp(&format!("{tag}.json"));
+    let start = Instant::now();
+    let outs = cluster.run(port, &out_json);
+    let secs = start.elapsed().as_secs_f64();
+    let _ = writeln!(
+        std::io::stderr(),
+        "{tag}: the 8-node tiers job took {secs:.1} s"
+    );
+    let all = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            format!(
+                "--- node{i} ({:?})\n{}{}",
+                o.status.code(),
+                text(&o.stdout),
+                text(&o.stderr)
+            )
+        })
+        .collect::<String>();
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    assert!(
+        codes.iter().all(|c| *c == codes[0]),
+        "every rank exits alike: {codes:?}\n{all}"
+    );
+    let stdout = text(&outs[0].stdout);
+    let report_text = stdout.find("# Topology tiers").map_or("", |i| &stdout[i..]);
+    let _ = writeln!(std::io::stderr(), "{tag}: rank 0's report:\n{report_text}");
+    let report = json(&out_json.with_extension("0.json"));
+    let tiers = report["tiers"]["tiers"].as_array().unwrap().clone();
+    let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["node", "host", "local_block", "network_block", "hpc_island"],
+        "{all}"
+    );
+    let expected = [
+        ("local_block", goodput(RATES_MBIT[0]), 4),
+        ("network_block", goodput(RATES_MBIT[1]), 2),
+        ("hpc_island", goodput(RATES_MBIT[2]), 1),
+    ];
+    let throttled = throttle.map(|t| format!("node{t}"));
+    for (name, want, groups) in expected {
+        let t = tiers.iter().find(|t| t["tier"] == name).unwrap();
+        assert_eq!(t["groups"], groups, "{name}: {all}");
+        let mut checked = 0;
+        for g in t["group_results"].as_array().unwrap() {
+            let nodes: Vec<&str> = g["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap())
+                .collect();
+            // The island tier's one group holds the throttled node, but its ring's slowest
+            // hop is a cross-block link at the same rate either way.
+            if name != "hpc_island" && throttled.as_deref().is_some_and(|t| nodes.contains(&t)) {
+                continue;
+            }
+            let bw = g["busbw"][0].as_f64().unwrap();
+            assert!(
+                within(bw, want, 0.10),
+                "{name} group {nodes:?}: {bw} GB/s, shaped {want} GB/s\n{stdout}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 1, "{name}: no group checked\n{stdout}");
+    }
+    // Each tier slower than the one below it.
+    let median = |name: &str| {
+        tiers.iter().find(|t| t["tier"] == name).unwrap()["sizes"][0]["max"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(median("local_block") > median("network_block"), "{stdout}");
+    assert!(median("network_block") > median("hpc_island"), "{stdout}");
+    // The pairwise matrix: 28 pairs in 7 rounds.
+    let m = &report["tiers"]["matrix"];
+    assert_eq!(m["rounds"], 7);
+    assert_eq!(m["links"].as_array().unwrap().len(), 28);
+    // The text: tier table and verdict after the main table.
+    let footer = stdout.find("# Avg bus bandwidth").expect("main table");
+    let table = stdout.find("# Topology tiers").expect("tier table");
+    let verdict = stdout.find("# Verdict: ").expect("verdict");
+    assert!(footer < table && table < verdict, "{stdout}");
+    drop(cluster);
+    (codes[0], stdout, report["tiers"].clone())
+}
+
+fn port(n: u16) -> u16 {
+    30000 + (std::process::id() % 1000) as u16 * 8 + n
+}
+
+#[test]
+fn verdict_names_the_throttled_node_and_nobody_else() {
+    if !can_run("verdict_names_the_throttled_node_and_nobody_else") {
+        return;
+    }
+    let (code, stdout, t) = tiers_job("thr", Some(5), port(1));
+    let v = &t["verdict"];
+    let suspects: Vec<&str> = v["suspect_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(suspects, ["node5"], "{stdout}");
+    assert!(v["slow_links"].as_array().unwrap().is_empty(), "{stdout}");
+    let s = &v["suspect_nodes"][0];
+    assert_eq!(s["slow_links"], 7, "{stdout}");
+    let ratio = s["measured"].as_f64().unwrap() / s["expected"].as_f64().unwrap();
+    assert!(
+        within(ratio, 0.5, 0.15),
+        "node5 at {ratio} of expected\n{stdout}"
+    );
+    assert!(stdout.contains("# Verdict: FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("suspect node node5: 7 of 7 links slow"),
+        "{stdout}"
+    );
+    assert_eq!(code, Some(7), "{stdout}");
+}
+
+#[test]
+fn verdict_names_nobody_on_a_healthy_fabric() {
+    if !can_run("verdict_names_nobody_on_a_healthy_fabric") {
+        return;
+    }
+    let (code, stdout, t) = tiers_job("ok", None, port(2));
+    let v = &t["verdict"];
+    assert!(
+        v["suspect_nodes"].as_array().unwrap().is_empty(),
+        "{stdout}"
+    );
+    assert!(v["slow_links"].as_array().unwrap().is_empty(), "{stdout}");
+    assert!(stdout.contains("# Verdict: PASS"), "{stdout}");
+    // Links match their tier's shaping too.
+    for l in t["matrix"]["links"].as_array().unwrap() {
+        let want = match l["tier"].as_str().unwrap() {
+            "local_block" => goodput(RATES_MBIT[0]),
+            "network_block" => goodput(RATES_MBIT[1]),
+            "hpc_island" => goodput(RATES_MBIT[2]),
+            other => panic!("link tier {other}: {stdout}"),
+        };
+        let bw = l["busbw"].as_f64().unwrap();
+        assert!(within(bw, want, 0.10), "{l}: shaped {want}\n{stdout}");
+    }
+    assert_eq!(code, Some(0), "{stdout}");
+    let _ = Duration::from_secs(0);
+}

@@ -1,0 +1,470 @@
+//! Results of `busbw tiers`: bus bandwidth per topology tier, the pairwise link matrix and the
+//! verdict that names slow nodes and links, with their text rendering.
+//!
+//! The text goes after the main table as `#` comment lines, so parsers of the nccl-tests
+//! table (which skip comments) keep working on `busbw tiers` output.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything `busbw tiers` measured and concluded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TierReport {
+    /// `--topology-preset` after `auto` was resolved.
+    pub preset: String,
+    /// The collective run per tier (`all_reduce_perf`).
+    pub collective: String,
+    /// One entry per node (host), in order of its first rank.
+    pub nodes: Vec<NodeInfo>,
+    /// Closest tier first.
+    pub tiers: Vec<TierRow>,
+    pub matrix: Option<LinkMatrix>,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub ranks: Vec<usize>,
+    /// The labels of the tier model's keys as the node reported them.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// One tier: its groups and their bandwidth per size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TierRow {
+    /// Short name (`local_block`); `node` for the ranks of one host.
+    pub tier: String,
+    /// Label key, or `(host)` for the node tier.
+    pub key: String,
+    pub groups: usize,
+    pub ranks_min: usize,
+    pub ranks_max: usize,
+    /// Nodes whose domain at this tier is unknown (missing or placeholder label).
+    pub unknown_nodes: Vec<String>,
+    /// Why nothing was measured, when nothing was.
+    pub note: Option<String>,
+    pub sizes: Vec<TierSize>,
+    pub group_results: Vec<GroupResult>,
+    /// `--min-busbw-tier` for this tier, GB/s.
+    pub threshold: Option<f64>,
+    /// Whether the slowest group at the largest size met 0.9 x the threshold.
+    pub passed: Option<bool>,
+}
+
+/// busbw across the groups of a tier at one size (out-of-place, GB/s).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TierSize {
+    pub size: u64,
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+/// One group of a tier: its domain (values outermost first) and busbw per size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupResult {
+    pub domain: Vec<String>,
+    pub nodes: Vec<String>,
+    pub ranks: usize,
+    /// Aligned with [`TierRow::sizes`].
+    pub busbw: Vec<f64>,
+}
+
+/// Pairwise sendrecv between nodes (one rank each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkMatrix {
+    pub size: u64,
+    pub rounds: usize,
+    pub nodes: Vec<String>,
+    /// `busbw[a][b]` in GB/s, symmetric, `None` on the diagonal.
+    pub busbw: Vec<Vec<Option<f64>>>,
+    pub links: Vec<Link>,
+}
+
+/// One measured node pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+    /// The closest tier the two share; `beyond` past the outermost, `unknown` when a label
+    /// that would tell is unknown.
+    pub tier: String,
+    pub busbw: f64,
+    /// Median of the links of the same tier.
+    pub expected: f64,
+    pub slow: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuspectNode {
+    pub node: String,
+    pub slow_links: usize,
+    pub links: usize,
+    /// Median busbw of the node's links, GB/s.
+    pub measured: f64,
+    /// Median of what those links should have given.
+    pub expected: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TierFailure {
+    pub tier: String,
+    pub measured: f64,
+    pub threshold: f64,
+}
+
+/// What the run concluded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// No tier under its threshold, no suspect node, no slow link.
+    pub passed: bool,
+    pub suspect_nodes: Vec<SuspectNode>,
+    /// Slow links not explained by a suspect node at either end.
+    pub slow_links: Vec<Link>,
+    pub failed_tiers: Vec<TierFailure>,
+    /// Nodes with at least one unknown tier label.
+    pub unknown_nodes: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// GB/s with 4 significant digits, small values included (a shaped test link is 0.0125).
+fn gbs(v: f64) -> String {
+    if !v.is_finite() {
+        return "nan".into();
+    }
+    let digits = if v >= 100.0 {
+        1
+    } else if v >= 1.0 {
+        2
+    } else if v > 0.0 {
+        (3 - v.log10().floor() as i32).clamp(2, 8) as usize
+    } else {
+        2
+    };
+    format!("{v:.digits$}")
+}
+
+/// The tier table, the link matrix (up to 32 nodes; JSON has it always) and the verdict,
+/// one string per line, each starting with `#`.
+pub fn tier_lines(r: &TierReport) -> Vec<String> {
+    let mut out = vec![
+        "#".to_string(),
+        format!(
+            "# Topology tiers (preset {}, closest first): {} busbw in GB/s across the groups of each tier, out-of-place",
+            r.preset, r.collective
+        ),
+        format!(
+            "# {:<16} {:>6} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10}",
+            "tier", "groups", "ranks/group", "unknown", "size", "min", "median", "max"
+        ),
+    ];
+    for t in &r.tiers {
+        let ranks = if t.ranks_min == t.ranks_max {
+            t.ranks_min.to_string()
+        } else {
+            format!("{}-{}", t.ranks_min, t.ranks_max)
+        };
+        let lead = format!(
+            "# {:<16} {:>6} {:>11} {:>7}",
+            t.tier,
+            t.groups,
+            ranks,
+            t.unknown_nodes.len()
+        );
+        if t.sizes.is_empty() {
+            out.push(format!(
+                "{lead} {:>12} {}",
+                "-",
+                t.note.as_deref().unwrap_or("not measured")
+            ));
+        }
+        for (i, s) in t.sizes.iter().enumerate() {
+            let lead = if i == 0 {
+                lead.clone()
+            } else {
+                format!("# {:<16} {:>6} {:>11} {:>7}", "", "", "", "")
+            };
+            out.push(format!(
+                "{lead} {:>12} {:>10} {:>10} {:>10}",
+                s.size,
+                gbs(s.min),
+                gbs(s.median),
+                gbs(s.max)
+            ));
+        }
+        if let (Some(note), false) = (&t.note, t.sizes.is_empty()) {
+            out.push(format!("#   {}: {note}", t.tier));
+        }
+        if !t.unknown_nodes.is_empty() {
+            out.push(format!(
+                "#   {}: label {} unknown on {}",
+                t.tier,
+                t.key,
+                t.unknown_nodes.join(", ")
+            ));
+        }
+    }
+    if let Some(m) = &r.matrix {
+        out.push("#".into());
+        out.push(format!(
+            "# Pairwise sendrecv busbw in GB/s at {} bytes, {} rounds of disjoint pairs",
+            m.size, m.rounds
+        ));
+        if m.nodes.len() <= 32 {
+            let w = m
+                .busbw
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|v| gbs(*v).len())
+                .max()
+                .unwrap_or(4)
+                .max(4);
+            let mut head = format!("# {:>4}", "");
+            for j in 0..m.nodes.len() {
+                head.push_str(&format!(" {j:>w$}"));
+            }
+            out.push(head);
+            for (i, row) in m.busbw.iter().enumerate() {
+                let mut line = format!("# {i:>4}");
+                for v in row {
+                    let cell = v.map(gbs).unwrap_or_else(|| "-".into());
+                    line.push_str(&format!(" {cell:>w$}"));
+                }
+                line.push_str(&format!("  {}", m.nodes[i]));
+                out.push(line);
+            }
+        } else {
+            out.push(format!(
+                "#   {} nodes: matrix left out of the text (see --export-json)",
+                m.nodes.len()
+            ));
+        }
+        let mut tiers: Vec<&str> = Vec::new();
+        for l in &m.links {
+            if !tiers.contains(&l.tier.as_str()) {
+                tiers.push(&l.tier);
+            }
+        }
+        for t in tiers {
+            let bw: Vec<f64> = m
+                .links
+                .iter()
+                .filter(|l| l.tier == t)
+                .map(|l| l.busbw)
+                .collect();
+            let exp = m
+                .links
+                .iter()
+                .find(|l| l.tier == t)
+                .map(|l| l.expected)
+                .unwrap_or(0.0);
+            let lo = bw.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = bw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            out.push(format!(
+                "#   links within {t}: {} pairs, median {}, min {}, max {}",
+                bw.len(),
+                gbs(exp),
+                gbs(lo),
+                gbs(hi)
+            ));
+        }
+    }
+    out.push("#".into());
+    let v = &r.verdict;
+    out.push(format!(
+        "# Verdict: {}",
+        if v.passed { "PASS" } else { "FAIL" }
+    ));
+    for s in &v.suspect_nodes {
+        out.push(format!(
+            "#   suspect node {}: {} of {} links slow, median {} GB/s, expected {} GB/s",
+            s.node,
+            s.slow_links,
+            s.links,
+            gbs(s.measured),
+            gbs(s.expected)
+        ));
+    }
+    for l in &v.slow_links {
+        out.push(format!(
+            "#   slow link {} - {} (tier {}): {} GB/s, expected {} GB/s",
+            l.a,
+            l.b,
+            l.tier,
+            gbs(l.busbw),
+            gbs(l.expected)
+        ));
+    }
+    for f in &v.failed_tiers {
+        out.push(format!(
+            "#   tier {} below its threshold: {} GB/s, --min-busbw-tier {}={} (10% slack)",
+            f.tier,
+            gbs(f.measured),
+            f.tier,
+            f.threshold
+        ));
+    }
+    if !v.unknown_nodes.is_empty() {
+        out.push(format!(
+            "#   topology unknown (missing or placeholder labels) on: {}",
+            v.unknown_nodes.join(", ")
+        ));
+    }
+    for n in &v.notes {
+        out.push(format!("#   {n}"));
+    }
+    if v.passed && v.suspect_nodes.is_empty() && v.slow_links.is_empty() {
+        out.push("#   no suspect node, no slow link".into());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> TierReport {
+        let link = |a: &str, b: &str, bw: f64, slow: bool| Link {
+            a: a.into(),
+            b: b.into(),
+            tier: "local_block".into(),
+            busbw: bw,
+            expected: 0.025,
+            slow,
+        };
+        TierReport {
+            preset: "oci".into(),
+            collective: "all_reduce_perf".into(),
+            nodes: vec![NodeInfo {
+                name: "node0".into(),
+                ranks: vec![0],
+                labels: [("k".to_string(), "v".to_string())].into(),
+            }],
+            tiers: vec![
+                TierRow {
+                    tier: "node".into(),
+                    key: "(host)".into(),
+                    groups: 3,
+                    ranks_min: 1,
+                    ranks_max: 1,
+                    unknown_nodes: vec![],
+                    note: Some("one rank per group: nothing to measure".into()),
+                    sizes: vec![],
+                    group_results: vec![],
+                    threshold: None,
+                    passed: None,
+                },
+                TierRow {
+                    tier: "local_block".into(),
+                    key: "oci.oraclecloud.com/rdma.local_block_id".into(),
+                    groups: 1,
+                    ranks_min: 2,
+                    ranks_max: 3,
+                    unknown_nodes: vec!["node2".into()],
+                    note: None,
+                    sizes: vec![TierSize {
+                        size: 1048576,
+                        min: 0.0241,
+                        median: 0.0245,
+                        max: 0.025,
+                    }],
+                    group_results: vec![GroupResult {
+                        domain: vec!["isl".into(), "lb1".into()],
+                        nodes: vec!["node0".into(), "node1".into()],
+                        ranks: 2,
+                        busbw: vec![0.0241],
+                    }],
+                    threshold: Some(0.02),
+                    passed: Some(true),
+                },
+            ],
+            matrix: Some(LinkMatrix {
+                size: 1048576,
+                rounds: 3,
+                nodes: vec!["node0".into(), "node1".into(), "node2".into()],
+                busbw: vec![
+                    vec![None, Some(0.0125), Some(0.025)],
+                    vec![Some(0.0125), None, Some(0.0124)],
+                    vec![Some(0.025), Some(0.0124), None],
+                ],
+                links: vec![
+                    link("node0", "node1", 0.0125, true),
+                    link("node0", "node2", 0.025, false),
+                ],
+            }),
+            verdict: Verdict {
+                passed: false,
+                suspect_nodes: vec![SuspectNode {
+                    node: "node1".into(),
+                    slow_links: 2,
+                    links: 2,
+                    measured: 0.0124,
+                    expected: 0.025,
+                }],
+                slow_links: vec![],
+                failed_tiers: vec![TierFailure {
+                    tier: "local_block".into(),
+                    measured: 0.01,
+                    threshold: 0.02,
+                }],
+                unknown_nodes: vec!["node2".into()],
+                notes: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn the_text_sink_writes_the_tier_lines() {
+        use crate::Sink;
+        let mut t = crate::TextTable::new(Vec::new());
+        t.tiers(&sample()).unwrap();
+        let mut want = tier_lines(&sample()).join("\n");
+        want.push('\n');
+        assert_eq!(String::from_utf8(t.into_inner()).unwrap(), want);
+    }
+
+    #[test]
+    fn report_round_trips_through_json() {
+        let r = sample();
+        let json = serde_json::to_string(&r).unwrap();
+        let back: TierReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        assert!(json.contains("\"suspect_nodes\""));
+    }
+
+    #[test]
+    fn text_lists_tiers_matrix_and_verdict() {
+        let lines = tier_lines(&sample());
+        assert!(lines.iter().all(|l| l.starts_with('#')), "{lines:#?}");
+        let text = lines.join("\n");
+        let node = lines.iter().position(|l| l.starts_with("# node ")).unwrap();
+        let lb = lines
+            .iter()
+            .position(|l| l.starts_with("# local_block "))
+            .unwrap();
+        assert!(node < lb, "{text}");
+        assert!(lines[node].contains("nothing to measure"), "{text}");
+        assert!(
+            lines[lb].contains("1048576") && lines[lb].contains("0.0245"),
+            "{text}"
+        );
+        assert!(lines[lb].contains(" 2-3 "), "{text}");
+        assert!(text.contains("unknown on node2"), "{text}");
+        assert!(text.contains("# Verdict: FAIL"), "{text}");
+        assert!(
+            text.contains(
+                "suspect node node1: 2 of 2 links slow, median 0.01240 GB/s, expected 0.02500 GB/s"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("tier local_block below its threshold"),
+            "{text}"
+        );
+        let m = lines.iter().find(|l| l.ends_with("  node1")).unwrap();
+        assert!(m.contains("0.01250") && m.contains(" - "), "{m}");
+        assert_eq!(gbs(41.234), "41.23");
+        assert_eq!(gbs(0.0125), "0.01250");
+    }
+}
