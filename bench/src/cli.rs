@@ -58,6 +58,8 @@ pub enum Command {
     /// Recursive-doubling AllGather (power-of-two rank counts).
     #[command(name = "hypercube_perf", visible_alias = "hypercube")]
     Hypercube(PerfArgs),
+    #[command(flatten)]
+    Tools(crate::cli_report::ToolCommand),
 }
 
 impl Command {
@@ -73,10 +75,12 @@ impl Command {
             Command::Gather(_) => "gather_perf",
             Command::Sendrecv(_) => "sendrecv_perf",
             Command::Hypercube(_) => "hypercube_perf",
+            Command::Tools(_) => "busbw",
         }
     }
-    pub fn args(&self) -> &PerfArgs {
-        match self {
+    /// The perf flags; `None` for the tools that read saved runs.
+    pub fn args(&self) -> Option<&PerfArgs> {
+        Some(match self {
             Command::AllReduce(a)
             | Command::AllGather(a)
             | Command::Broadcast(a)
@@ -87,7 +91,8 @@ impl Command {
             | Command::Gather(a)
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
-        }
+            Command::Tools(_) => return None,
+        })
     }
 }
 
@@ -262,6 +267,8 @@ pub struct PerfArgs {
     /// Test hook: corrupt one result element on this rank after each validation run.
     #[arg(long = "debug-corrupt-rank", hide = true)]
     pub debug_corrupt_rank: Option<usize>,
+    #[command(flatten)]
+    pub report: crate::cli_report::ReportArgs,
 }
 
 #[cfg(test)]

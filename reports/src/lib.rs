@@ -11,11 +11,21 @@
 //! several [`Sink`]s (text today, JSON or test harnesses later) without each
 //! one recomputing numbers.
 
+pub mod clock;
+pub mod compare;
+pub mod export;
 pub mod fmt;
+pub mod font;
+pub mod history;
+pub mod html;
+pub mod plot;
 pub mod record;
+pub mod run;
+pub mod stats;
 pub mod table;
 
 pub use record::{Cell, DeviceInfo, Footer, Row, RunHeader, Step};
+pub use run::{CellDetail, Measured, RunRecord};
 pub use table::{busbw_average, TextTable};
 
 /// Receives a run as it happens: one header, rows as sizes complete, one footer.
@@ -26,6 +36,12 @@ pub trait Sink {
     fn header(&mut self, h: &RunHeader) -> std::io::Result<()>;
     fn row(&mut self, r: &Row) -> std::io::Result<()>;
     fn footer(&mut self, f: &Footer) -> std::io::Result<()>;
+    /// A row with what the table does not show (per-rank spread, per-iteration statistics).
+    /// The harness calls this instead of [`Sink::row`]; sinks that only print the table keep
+    /// the default, which hands on the plain row.
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        self.row(&m.row)
+    }
 }
 
 /// Lets callers keep ownership of a sink (e.g. to inspect a buffer afterwards)
@@ -40,6 +56,9 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         (**self).footer(f)
     }
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        (**self).measured(m)
+    }
 }
 
 /// Allows heterogeneous sinks to be chosen at runtime (`Box<dyn Sink>`).
@@ -52,5 +71,8 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
     }
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         (**self).footer(f)
+    }
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        (**self).measured(m)
     }
 }
