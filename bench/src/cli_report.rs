@@ -83,7 +83,7 @@ pub enum ToolCommand {
 
 #[derive(Args, Debug)]
 pub struct ReportCmd {
-    /// A file written by --export-json.
+    /// A file written by --export-json (or an nccl-tests -J file).
     pub run: PathBuf,
     /// Write the plots into this directory (created if missing).
     #[arg(long = "plot", value_name = "DIR")]
@@ -98,7 +98,7 @@ pub struct ReportCmd {
 
 #[derive(Args, Debug)]
 pub struct CompareCmd {
-    /// The reference run (--export-json file).
+    /// The reference run (--export-json file, or an nccl-tests -J file).
     pub baseline: PathBuf,
     /// The run to judge.
     pub new: PathBuf,
@@ -115,7 +115,7 @@ pub struct CompareCmd {
 
 #[derive(Args, Debug)]
 pub struct HistoryCmd {
-    /// Directory of --export-json files.
+    /// Directory of --export-json (or nccl-tests -J) files.
     pub dir: PathBuf,
     /// Where to write the trend plot [default: DIR/history.svg].
     #[arg(long = "plot", value_name = "FILE")]

@@ -260,11 +260,11 @@ fn a_crash_keeps_the_rows_done_so_far() {
             "-b",
             "8",
             "-e",
-            "256M",
+            "32M",
             "-f",
             "2",
             "-n",
-            "20",
+            "50",
             "-T",
             "20",
         ])
@@ -417,8 +417,10 @@ fn chromium() -> Option<PathBuf> {
         })
 }
 
+/// Runs headless Chromium on `url`, killing it after a minute so a wedged browser fails the
+/// test instead of hanging it.
 fn headless(chrome: &Path, profile: &Path, extra: &[String], url: &str) -> Output {
-    Command::new(chrome)
+    let mut child = Command::new(chrome)
         .args([
             "--headless",
             "--no-sandbox",
@@ -432,8 +434,28 @@ fn headless(chrome: &Path, profile: &Path, extra: &[String], url: &str) -> Outpu
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(extra)
         .arg(url)
-        .output()
-        .expect("run chromium")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run chromium");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium did not finish within 60 s on {url}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = child.wait_with_output().unwrap();
+    out.stdout = reader.join().unwrap();
+    out
 }
 
 #[test]
@@ -631,4 +653,21 @@ fn warnings_go_to_stderr_unless_quiet() {
             text(&out.stderr)
         );
     }
+}
+
+#[test]
+fn an_nccl_tests_json_file_can_be_the_baseline() {
+    let d = TempDir::new("ntbase");
+    let mut args = SWEEP.to_vec();
+    args.extend(["3", "--export-json", "r.json", "-J", "n.json"]);
+    let out = run_in(&d.0, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run_in(&d.0, &["compare", "n.json", "r.json"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("all_reduce float sum 32 KiB in-place"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("no regression beyond 5%"), "{stdout}");
 }

@@ -76,7 +76,9 @@ struct Point {
     wrong: u64,
 }
 
-fn points(run: &RunRecord) -> (Vec<String>, BTreeMap<String, Point>) {
+/// `with_algo`: name the algorithm in the key (only when both runs record one: nccl-tests
+/// files do not).
+fn points(run: &RunRecord, with_algo: bool) -> (Vec<String>, BTreeMap<String, Point>) {
     let mut order = Vec::new();
     let mut map: BTreeMap<String, Point> = BTreeMap::new();
     for r in &run.rows {
@@ -91,7 +93,10 @@ fn points(run: &RunRecord) -> (Vec<String>, BTreeMap<String, Point>) {
                 } else {
                     String::new()
                 },
-                r.algo.as_deref().map_or(String::new(), |a| format!(" {a}")),
+                r.algo
+                    .as_deref()
+                    .filter(|_| with_algo)
+                    .map_or(String::new(), |a| format!(" {a}")),
                 human_bytes(r.size),
                 placement.replace('_', "-")
             );
@@ -144,8 +149,9 @@ fn judge(what: String, base: f64, new: f64, threshold: f64) -> Diff {
 type TierPoints = BTreeMap<String, (f64, Option<bool>)>;
 
 pub fn compare(base: &RunRecord, new: &RunRecord, threshold_pct: f64) -> Comparison {
-    let (border, bmap) = points(base);
-    let (norder, nmap) = points(new);
+    let with_algo = base.plan.algo.is_some() && new.plan.algo.is_some();
+    let (border, bmap) = points(base, with_algo);
+    let (norder, nmap) = points(new, with_algo);
     let mut rows = Vec::new();
     for what in &border {
         let b = &bmap[what];
@@ -436,6 +442,21 @@ mod tests {
         assert!(c
             .table()
             .contains("note: ranks differs: 2 (baseline) vs 4 (new)"));
+    }
+
+    #[test]
+    fn an_nccl_tests_baseline_compares_without_algorithms() {
+        let run = sample::run();
+        let nt = crate::export::nccl_json::render(&run);
+        let base = RunRecord::from_slice(nt.as_bytes(), "nccl-tests.json").unwrap();
+        let c = compare(&base, &run, 5.0);
+        assert!(c.regressions().is_empty(), "{}", c.table());
+        assert!(
+            c.rows.iter().all(|d| d.status == Status::Unchanged),
+            "{}",
+            c.table()
+        );
+        assert_eq!(c.rows[0].what, "all_reduce float sum 1 KiB out-of-place");
     }
 
     #[test]

@@ -258,10 +258,13 @@ pub enum LoadError {
         source: serde_json::Error,
     },
     #[error(
-        "{path} is nccl-tests -J output (version {version}); compare, report and history read \
-         busbw's own records: rerun with --export-json FILE"
+        "{path} looks like nccl-tests -J output (version {version}) but cannot be read: {msg}"
     )]
-    NcclTests { path: String, version: i64 },
+    NcclTests {
+        path: String,
+        version: i64,
+        msg: String,
+    },
     #[error("{path} is not a busbw run record (no \"schema\": \"{SCHEMA}\"); give a file written by --export-json")]
     NotARun { path: String },
     #[error(
@@ -295,12 +298,13 @@ impl RunRecord {
                 source,
             })?;
         if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
-            if let (Some(ver), Some(_)) =
+            if let (Some(version), Some(_)) =
                 (v.get("version").and_then(|x| x.as_i64()), v.get("results"))
             {
-                return Err(LoadError::NcclTests {
+                return crate::export::nccl_json::import(&v).map_err(|msg| LoadError::NcclTests {
                     path: path.into(),
-                    version: ver,
+                    version,
+                    msg,
                 });
             }
             return Err(LoadError::NotARun { path: path.into() });

@@ -37,7 +37,14 @@ mod tests {
                 .to_string()
         };
         assert!(err("{").contains("not valid JSON"), "{}", err("{"));
-        assert!(err(r#"{"version":3,"results":[]}"#).contains("nccl-tests -J output"));
+        let nt = r#"{"version":3,"results":[]}"#;
+        assert!(
+            err(nt).contains(
+                "looks like nccl-tests -J output (version 3) but cannot be read: no \"config\""
+            ),
+            "{}",
+            err(nt)
+        );
         assert!(err(r#"{"a":1}"#).contains("not a busbw run record"));
         let newer = r#"{"schema":"busbw-run","schema_version":99}"#;
         assert!(err(newer).contains("newer"), "{}", err(newer));

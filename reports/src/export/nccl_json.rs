@@ -256,6 +256,222 @@ pub fn render(run: &RunRecord) -> String {
     s
 }
 
+/// Reads an nccl-tests `-J` document (ours or nccl-tests' own) as a [`RunRecord`], so that
+/// `compare`, `report` and `history` work on nccl-tests baselines too. nccl-tests stamps
+/// times in the host's local time zone without saying which; they are taken as UTC.
+pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
+    use crate::record::DeviceInfo;
+    use crate::run::{PlanRecord, RowRecord, SummaryRecord, Versions, WorldRecord};
+    use serde_json::Value;
+    fn get<'a>(v: &'a Value, k: &str) -> Result<&'a Value, String> {
+        v.get(k).ok_or_else(|| format!("no \"{k}\""))
+    }
+    fn uint(v: &Value, k: &str) -> Result<u64, String> {
+        get(v, k)?
+            .as_u64()
+            .ok_or_else(|| format!("\"{k}\" is not a non-negative integer"))
+    }
+    // nccl-tests writes NaN as "nan".
+    fn float(v: &Value) -> f64 {
+        v.as_f64().unwrap_or(f64::NAN)
+    }
+    fn stamp(v: &Value) -> Option<String> {
+        let s = v.as_str()?;
+        let (d, t) = s.split_once(' ')?;
+        Some(format!("{d}T{t}Z"))
+    }
+    let cfg = get(v, "config")?;
+    let args: Vec<String> = get(v, "args")
+        .ok()
+        .and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    // nccl-tests' argv[0] is the binary (`.../all_reduce_perf`); busbw's is `busbw
+    // all_reduce_perf ...`.
+    let program = args
+        .iter()
+        .take(2)
+        .filter_map(|a| a.rsplit('/').next())
+        .find(|p| p.ends_with("_perf"))
+        .unwrap_or("unknown_perf")
+        .to_string();
+    let step = match (cfg.get("step_factor"), cfg.get("step_bytes")) {
+        (Some(f), _) => Step::Factor(f.as_u64().unwrap_or(1)),
+        (None, Some(b)) => Step::Bytes(b.as_u64().unwrap_or(0)),
+        (None, None) => Step::Factor(1),
+    };
+    let devices: Vec<DeviceInfo> = cfg
+        .get("devices")
+        .and_then(|d| d.as_array())
+        .map(|ds| {
+            ds.iter()
+                .map(|d| DeviceInfo {
+                    rank: d.get("rank").and_then(|x| x.as_u64()).unwrap_or(0) as usize,
+                    group: d.get("group").and_then(|x| x.as_u64()).unwrap_or(0) as usize,
+                    pid: d.get("pid").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
+                    hostname: d
+                        .get("hostname")
+                        .and_then(|x| x.as_str())
+                        .unwrap_or("")
+                        .into(),
+                    device: d.get("device").and_then(|x| x.as_i64()).unwrap_or(0) as i32,
+                    pci: d
+                        .get("device_hex")
+                        .and_then(|x| x.as_str())
+                        .unwrap_or("")
+                        .into(),
+                    name: d
+                        .get("device_info")
+                        .and_then(|x| x.as_str())
+                        .unwrap_or("")
+                        .into(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let cell = |m: &Value, per_iter: Option<&Value>| -> Result<CellRecord, String> {
+        let time = float(
+            m.get("time")
+                .or_else(|| m.get("cpu_time"))
+                .ok_or("no \"time\"")?,
+        );
+        let iterations = per_iter.and_then(|p| {
+            let times: Vec<f64> = p.get("times_us")?.as_array()?.iter().map(float).collect();
+            let rows: Vec<Vec<f64>> = p
+                .get("per_process_max_times_us")
+                .and_then(|r| r.as_array())
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|row| row.as_array().map(|x| x.iter().map(float).collect()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            IterStats::from_samples(&times, rows)
+        });
+        let means: Vec<f64> = iterations
+            .as_ref()
+            .map(|i| {
+                i.per_rank_times_us
+                    .iter()
+                    .map(|r| r.iter().sum::<f64>() / r.len().max(1) as f64)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(CellRecord {
+            time_us: time,
+            time_min_us: means.iter().copied().reduce(f64::min).unwrap_or(time),
+            time_max_us: means.iter().copied().reduce(f64::max).unwrap_or(time),
+            algbw: float(get(m, "alg_bw")?),
+            busbw: float(get(m, "bus_bw")?),
+            wrong: m.get("nwrong").and_then(|w| w.as_f64()).map(|w| w as u64),
+            iterations,
+        })
+    };
+    let mut rows = Vec::new();
+    for (i, r) in get(v, "results")?
+        .as_array()
+        .ok_or("\"results\" is not a list")?
+        .iter()
+        .enumerate()
+    {
+        let row = (|| -> Result<RowRecord, String> {
+            let (Some(oop), Some(ip)) = (r.get("out_of_place"), r.get("in_place")) else {
+                return Err("needs out_of_place and in_place".into());
+            };
+            Ok(RowRecord {
+                size: uint(r, "size")?,
+                count: uint(r, "count")?,
+                dtype: get(r, "type")?.as_str().unwrap_or("").into(),
+                redop: get(r, "redop")?.as_str().unwrap_or("").into(),
+                root: match get(r, "root")? {
+                    Value::String(s) => s.trim().parse().map_err(|_| format!("root {s:?}"))?,
+                    n => n.as_i64().ok_or("root is not a number")?,
+                },
+                algo: None,
+                out_of_place: cell(oop, r.get("out_of_place_per_iter"))?,
+                in_place: cell(ip, r.get("in_place_per_iter"))?,
+            })
+        })()
+        .map_err(|e| format!("results[{i}]: {e}"))?;
+        rows.push(row);
+    }
+    let summary = v.get("average_bus_bandwidth").map(|avg| SummaryRecord {
+        out_of_bounds: v
+            .get("out_of_bounds")
+            .and_then(|o| o.get("count"))
+            .and_then(|c| c.as_u64())
+            .unwrap_or(0),
+        avg_busbw: avg.get("bandwidth").map_or(f64::NAN, float),
+        min_busbw: None,
+        bandwidth_ok: match avg.get("okay").and_then(|o| o.as_str()) {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        },
+        error: v
+            .get("errors")
+            .and_then(|e| e.as_array())
+            .and_then(|e| e.first())
+            .and_then(|e| e.as_str())
+            .map(String::from),
+    });
+    Ok(RunRecord {
+        schema: crate::run::SCHEMA.into(),
+        schema_version: crate::run::SCHEMA_VERSION,
+        versions: Versions {
+            busbw: String::new(),
+            nccl_tests: format!(
+                "json v{}",
+                v.get("version").and_then(|x| x.as_i64()).unwrap_or(0)
+            ),
+        },
+        program,
+        args,
+        start_time: v.get("start_time").and_then(stamp).unwrap_or_default(),
+        end_time: v.get("end_time").and_then(stamp),
+        plan: PlanRecord {
+            min_bytes: uint(cfg, "minimum_bytes")?,
+            max_bytes: uint(cfg, "maximum_bytes")?,
+            step,
+            warmup_iters: cfg
+                .get("warmup_iters")
+                .and_then(|x| x.as_u64())
+                .unwrap_or(0) as u32,
+            iters: uint(cfg, "iterations")? as u32,
+            agg_iters: cfg
+                .get("aggregated_iterations")
+                .and_then(|x| x.as_u64())
+                .unwrap_or(1) as u32,
+            check: cfg.get("validation").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
+            dtypes: Vec::new(),
+            ops: Vec::new(),
+            root: 0,
+            algo: None,
+            average: "mean".into(),
+            cycles: 1,
+            timeout_s: 0,
+            min_busbw: None,
+            link_rate_gbps: None,
+        },
+        world: WorldRecord {
+            ranks: devices.len(),
+            hosts: RunRecord::hosts_of(&devices),
+            labels: Default::default(),
+            transports: Vec::new(),
+            devices,
+        },
+        rows,
+        summary,
+        tiers: None,
+        pairwise: None,
+        verdict: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::sample;
@@ -292,6 +508,35 @@ mod tests {
         assert_eq!(v["average_bus_bandwidth"]["okay"], "unchecked");
         assert_eq!(v["end_time"], "2026-12-01 08:00:05");
         assert_eq!(double(f64::NAN), "\"nan\"");
+    }
+
+    #[test]
+    fn imports_what_it_writes() {
+        let run = sample::run();
+        let v: serde_json::Value = serde_json::from_str(&render(&run)).unwrap();
+        let back = import(&v).unwrap();
+        assert_eq!(back.rows.len(), 2);
+        assert_eq!(back.start_time, run.start_time);
+        assert_eq!(back.world.devices, run.world.devices);
+        for (a, b) in back.rows.iter().zip(&run.rows) {
+            assert_eq!((a.size, a.root, &a.dtype), (b.size, b.root, &b.dtype));
+            assert_eq!(a.out_of_place.busbw, b.out_of_place.busbw);
+            assert_eq!(a.in_place.wrong, b.in_place.wrong);
+            let (x, y) = (
+                a.out_of_place.iterations.as_ref().unwrap(),
+                b.out_of_place.iterations.as_ref().unwrap(),
+            );
+            assert_eq!(x.times_us, y.times_us);
+            assert_eq!(x.per_rank_times_us, y.per_rank_times_us);
+        }
+        assert_eq!(back.summary.unwrap().avg_busbw, 1.5);
+        // Loaded through the common entry point, a -J file just works.
+        let r = RunRecord::from_slice(render(&run).as_bytes(), "n.json").unwrap();
+        assert_eq!(r.program, "all_reduce_perf");
+        let mut v = v;
+        v["results"][1]["out_of_place"] = serde_json::json!({"alg_bw": 1.0});
+        let e = RunRecord::from_slice(v.to_string().as_bytes(), "n.json").unwrap_err();
+        assert!(e.to_string().contains("results[1]: no \"time\""), "{e}");
     }
 
     #[test]
