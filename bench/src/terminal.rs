@@ -48,7 +48,7 @@ impl Terminal {
             let (bar, template) = match total {
                 Some(n) => (
                     ProgressBar::new(n),
-                    "{prefix} {bar:30} {pos}/{len} rows, {msg} ETA {eta}",
+                    "{prefix} {wide_bar} {pos}/{len} rows, {msg}, ETA {eta}",
                 ),
                 None => (
                     ProgressBar::new_spinner(),

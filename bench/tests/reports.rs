@@ -671,3 +671,51 @@ fn an_nccl_tests_json_file_can_be_the_baseline() {
     );
     assert!(stdout.contains("no regression beyond 5%"), "{stdout}");
 }
+
+/// On a terminal (a pty from util-linux `script`), rank 0 draws a progress bar on stderr and
+/// clears it around every table line, so the table stays whole.
+#[test]
+fn progress_bar_on_a_terminal_only() {
+    let have_script = Command::new("script").arg("--version").output().is_ok();
+    if !have_script {
+        eprintln!("SKIPPED: the terminal check needs util-linux `script` for a pty");
+        return;
+    }
+    let cmd = format!(
+        "{} all_reduce_perf --np 2 -b 8 -e 2K -f 4 -n 3",
+        env!("CARGO_BIN_EXE_busbw")
+    );
+    let out = busbw_in_pty(&cmd);
+    assert!(out.contains("5/5 rows, last 2 KiB float"), "{out:?}");
+    // Every table line arrives whole after the bar was cleared from its line.
+    let lines: Vec<&str> = out
+        .split(['\r', '\n'])
+        .map(|l| l.rsplit("\x1b[2K").next().unwrap_or(l))
+        .collect();
+    assert!(lines.contains(&"# Out of bounds values : 0 OK"), "{out:?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.ends_with("float     sum      -1")
+                || l.contains("     float     sum      -1 "))
+            .count(),
+        5,
+        "{out:?}"
+    );
+    // --quiet: no bar even on a terminal.
+    let quiet = busbw_in_pty(&format!("{cmd} --quiet"));
+    assert!(!quiet.contains(" rows, "), "{quiet:?}");
+}
+
+fn busbw_in_pty(cmd: &str) -> String {
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", cmd, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
