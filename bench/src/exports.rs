@@ -166,7 +166,7 @@ pub fn start_record(
             ranks,
             hosts: RunRecord::hosts_of(devices),
             labels: Default::default(),
-            transports: vec![transport.to_string()],
+            transports: transports(devices, transport),
             devices: devices.to_vec(),
         },
         rows: Vec::new(),
@@ -175,6 +175,25 @@ pub fn start_record(
         pairwise: None,
         verdict: None,
     }
+}
+
+/// The transports ranks actually use: with `auto` each device line says which (`host memory
+/// via shm+tcp`); otherwise the one asked for.
+fn transports(devices: &[DeviceInfo], asked: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for d in devices {
+        if let Some((_, via)) = d.name.rsplit_once(" via ") {
+            for t in via.split('+') {
+                if !out.iter().any(|o| o == t) {
+                    out.push(t.to_string());
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(asked.to_string());
+    }
+    out
 }
 
 /// Rank 0's outputs: the nccl-tests table on stdout (unchanged to the byte), progress and

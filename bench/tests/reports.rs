@@ -111,6 +111,11 @@ fn every_exporter_from_one_run() {
     assert_eq!(run.rows.len(), 7);
     assert_eq!(run.world.ranks, 2);
     assert_eq!(run.world.devices.len(), 2);
+    assert_eq!(
+        run.world.transports,
+        ["shm"],
+        "two ranks of one host talk over shared memory"
+    );
     assert!(run.end_time.is_some());
     assert_eq!(run.summary.as_ref().unwrap().out_of_bounds, 0);
     for r in &run.rows {
