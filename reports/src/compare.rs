@@ -20,7 +20,7 @@ pub enum Status {
     Added,
     /// Only in the baseline.
     Removed,
-    /// A zero baseline (tiny sizes round to 0 GB/s): no ratio to judge.
+    /// A baseline too small to judge (tiny sizes: busbw near 0 GB/s).
     NotComparable,
 }
 
@@ -116,8 +116,13 @@ fn points(run: &RunRecord, with_algo: bool) -> (Vec<String>, BTreeMap<String, Po
     (order, map)
 }
 
+/// Smallest baseline busbw (GB/s) that is judged. nccl-tests' JSON writes six decimals, so
+/// below this its rounding alone moves a figure by more than 0.5 %; such rows (a few bytes,
+/// where busbw means nothing anyway) are listed as not comparable.
+const MIN_JUDGED_GBPS: f64 = 1e-4;
+
 fn judge(what: String, base: f64, new: f64, threshold: f64) -> Diff {
-    if base <= 0.0 {
+    if base < MIN_JUDGED_GBPS {
         return Diff {
             what,
             base: Some(base),
