@@ -18,7 +18,7 @@ RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.",
     after_help = "Examples:\n  busbw all_reduce_perf --np 4 -b 8 -e 128M -f 2\n  \
 busbw all_reduce_perf --np 8 -b 1M -e 1G -f 2 -d all -o sum --min-busbw 10\n\n\
 Exit codes: 0 ok, 1 internal error, 2 usage error, 3 a peer rank failed, 4 timeout (-T), \
-7 wrong data or average busbw under --min-busbw / NCCL_TESTS_MIN_BW."
+7 wrong data or average busbw under --min-busbw / NCCL_TESTS_MIN_BW, 8 `compare` found a regression."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -62,6 +62,8 @@ pub enum Command {
     /// the slow nodes and links (docs/tiers.md).
     #[command(name = "tiers")]
     Tiers(Box<TiersArgs>),
+    #[command(flatten)]
+    Tools(crate::cli_report::ToolCommand),
 }
 
 impl Command {
@@ -78,10 +80,12 @@ impl Command {
             Command::Sendrecv(_) => "sendrecv_perf",
             Command::Hypercube(_) => "hypercube_perf",
             Command::Tiers(_) => "tiers",
+            Command::Tools(_) => "busbw",
         }
     }
-    pub fn args(&self) -> &PerfArgs {
-        match self {
+    /// The perf flags; `None` for the tools that read saved runs.
+    pub fn args(&self) -> Option<&PerfArgs> {
+        Some(match self {
             Command::AllReduce(a)
             | Command::AllGather(a)
             | Command::Broadcast(a)
@@ -93,7 +97,8 @@ impl Command {
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
             Command::Tiers(t) => &t.perf,
-        }
+            Command::Tools(_) => return None,
+        })
     }
 }
 
@@ -269,6 +274,8 @@ pub struct PerfArgs {
     /// Test hook: corrupt one result element on this rank after each validation run.
     #[arg(long = "debug-corrupt-rank", hide = true)]
     pub debug_corrupt_rank: Option<usize>,
+    #[command(flatten)]
+    pub report: crate::cli_report::ReportArgs,
 }
 
 /// `busbw tiers`: the usual size and iteration flags plus where the topology comes from and

@@ -14,3 +14,5 @@ pub const PEER_FAILURE: i32 = 3;
 pub const TIMEOUT: i32 = 4;
 /// Wrong data (`#wrong` > 0) or average bus bandwidth under the `--min-busbw` gate.
 pub const WRONG_RESULTS: i32 = 7;
+/// `busbw compare`: a row or tier got worse than the threshold allows.
+pub const REGRESSION: i32 = 8;

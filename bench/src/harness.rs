@@ -3,6 +3,10 @@
 //! placement (out-of-place, then in-place): data init, one untimed op, a barrier, the timed
 //! loop on the host clock with buffer-offset rotation, per-rank times combined across ranks,
 //! and validation after timing.
+//!
+//! Each timed iteration (`-m` ops) is also lapped on the same clock, so rows carry
+//! per-iteration statistics (nccl-tests' `-I`) at the cost of one clock read per iteration;
+//! the row's time is still the whole loop divided by `iters × agg`, as nccl-tests computes it.
 
 use crate::plan::{Average, Plan};
 use crate::specs::{Counts, DataCtx, Redop};
@@ -10,7 +14,8 @@ use anyhow::{Context, Result};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
 use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, HostBuffer, ReduceOp};
-use busbw_reports::{Cell, Row, Sink};
+use busbw_reports::run::IterStats;
+use busbw_reports::{Cell, CellDetail, Measured, Row, Sink};
 use std::time::Instant;
 
 /// What the footer needs.
@@ -153,22 +158,27 @@ fn sweep(
         for &size in &plan.sizes {
             let counts = (spec.counts)(size, dtype, n);
             let mut cells = [None, None];
+            let mut details = [None, None];
             for (i, in_place) in [false, true].into_iter().enumerate() {
                 let ctx = ctx_for(counts, 99, in_place);
-                let cell = bench(comm, plan, &ctx, bufs, seed, summary).with_context(|| {
-                    format!(
-                        "{} {dtype} {op} at {} bytes ({})",
-                        spec.program,
-                        counts.size(),
-                        if in_place { "in-place" } else { "out-of-place" }
-                    )
-                })?;
+                let (cell, detail) =
+                    bench(comm, plan, &ctx, bufs, seed, summary).with_context(|| {
+                        format!(
+                            "{} {dtype} {op} at {} bytes ({})",
+                            spec.program,
+                            counts.size(),
+                            if in_place { "in-place" } else { "out-of-place" }
+                        )
+                    })?;
                 summary.busbw_sum += cell.busbw;
                 summary.busbw_cells += 1;
                 cells[i] = Some(cell);
+                details[i] = Some(detail);
             }
-            if let (Some(sink), [Some(oop), Some(ip)]) = (sink.as_deref_mut(), cells) {
-                sink.row(&Row {
+            if let (Some(sink), [Some(oop), Some(ip)], [Some(doop), Some(dip)]) =
+                (sink.as_deref_mut(), cells, details)
+            {
+                let row = Row {
                     size: counts.size() as u64,
                     count: counts.count as u64,
                     dtype: dtype.name().into(),
@@ -183,8 +193,13 @@ fn sweep(
                         Some(m) => vec![m.choose(counts.send_bytes, n).name().into()],
                         None => vec![],
                     },
+                };
+                sink.measured(&Measured {
+                    row,
+                    out_of_place: doop,
+                    in_place: dip,
                 })
-                .context("writing the result table")?;
+                .context("writing the results")?;
             }
         }
     }
@@ -198,7 +213,7 @@ fn bench(
     bufs: &mut Buffers,
     seed: &mut u64,
     summary: &mut Summary,
-) -> Result<Cell> {
+) -> Result<(Cell, CellDetail)> {
     let spec = plan.spec;
     let n = comm.size();
     let Counts {
@@ -228,8 +243,11 @@ fn bench(
         .checked_div(span)
         .unwrap_or(1)
         .max(1);
-    let total_ops = plan.iters as usize * plan.agg_iters as usize;
+    let (iters, agg) = (plan.iters as usize, plan.agg_iters as usize);
+    let total_ops = iters * agg;
+    let mut laps = Vec::with_capacity(iters);
     let start = Instant::now();
+    let mut lap_start = start;
     for k in 0..total_ops {
         let off = span * (k % shifts);
         let send = bufs.send.as_slice();
@@ -237,8 +255,14 @@ fn bench(
         let recv = bufs.recv.as_mut_slice();
         let roff = off.min(recv.len().saturating_sub(span));
         (spec.run)(comm, s, &mut recv[roff..], ctx)?;
+        if (k + 1) % agg == 0 {
+            let now = Instant::now();
+            laps.push((now - lap_start).as_secs_f64() / agg as f64);
+            lap_start = now;
+        }
     }
     let mut secs = [start.elapsed().as_secs_f64() / total_ops as f64];
+    let detail = spread(comm, secs[0], &laps)?;
     match plan.average {
         Average::Rank0 => {}
         Average::Mean => {
@@ -297,10 +321,47 @@ fn bench(
     } else {
         None
     };
-    Ok(Cell {
-        time_us: t * 1e6,
-        algbw,
-        busbw,
-        wrong,
+    Ok((
+        Cell {
+            time_us: t * 1e6,
+            algbw,
+            busbw,
+            wrong,
+        },
+        detail,
+    ))
+}
+
+/// Largest `ranks × iterations` matrix gathered for per-rank iteration times (512 KiB of f64):
+/// beyond it only the per-iteration maximum travels.
+const PER_RANK_LIMIT: usize = 1 << 16;
+
+/// Combines this rank's mean time and iteration laps with everyone's: the fastest and slowest
+/// rank's mean, each iteration's slowest rank (the job waits for it), and, for jobs small
+/// enough, every rank's laps. All ranks take part; rank 0 keeps the statistics.
+fn spread(comm: &mut Communicator, mean_s: f64, laps: &[f64]) -> Result<CellDetail> {
+    let (rank, n, iters) = (comm.rank(), comm.size(), laps.len());
+    let mut v: Vec<f64> = laps.to_vec();
+    v.extend([mean_s, -mean_s]);
+    all_reduce_values(comm, &mut v, ReduceOp::Max)?;
+    let per_rank = if n > 1 && n * iters <= PER_RANK_LIMIT {
+        let mut m = vec![0.0f64; n * iters];
+        m[rank * iters..(rank + 1) * iters].copy_from_slice(laps);
+        all_reduce_values(comm, &mut m, ReduceOp::Sum)?;
+        m.chunks(iters.max(1))
+            .map(|r| r.iter().map(|t| t * 1e6).collect())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let us: Vec<f64> = v[..iters].iter().map(|t| t * 1e6).collect();
+    Ok(CellDetail {
+        time_min_us: -v[iters + 1] * 1e6,
+        time_max_us: v[iters] * 1e6,
+        iterations: if rank == 0 {
+            IterStats::from_samples(&us, per_rank)
+        } else {
+            None
+        },
     })
 }

@@ -2,13 +2,17 @@
 //! collective's descriptor, and hand over to the shared perf driver.
 
 mod cli;
+mod cli_report;
 mod exit;
+mod exports;
 mod harness;
 mod perf;
 mod plan;
+mod report_cmd;
 mod session;
 mod sizes;
 mod specs;
+mod terminal;
 mod tiers;
 
 use clap::Parser;
@@ -18,9 +22,13 @@ fn main() {
     if let cli::Command::Tiers(t) = &cli.command {
         std::process::exit(tiers::main(t));
     }
-    let code = match specs::find(cli.command.program()) {
-        Some(spec) => perf::main(spec, cli.command.args()),
-        None => {
+    let code = match (&cli.command, specs::find(cli.command.program())) {
+        (cli::Command::Tools(t), _) => report_cmd::main(t),
+        (c, Some(spec)) => match c.args() {
+            Some(args) => perf::main(spec, args),
+            None => exit::INTERNAL,
+        },
+        (_, None) => {
             eprintln!("busbw: error: no descriptor for {}", cli.command.program());
             exit::INTERNAL
         }

@@ -3,11 +3,13 @@
 
 use crate::cli::PerfArgs;
 use crate::exit;
+use crate::exports::{self, Outputs};
 use crate::harness;
 use crate::plan::Plan;
 use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
-use anyhow::Result;
+use crate::terminal::Terminal;
+use anyhow::{Context, Result};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
@@ -20,7 +22,7 @@ pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
 pub type Work<'a> = &'a dyn Fn(&mut Session, &Plan, &World) -> Result<i32>;
 
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
-    main_with(spec, args, &|session, plan, _| sweep(session, plan))
+    main_with(spec, args, &|session, plan, _| sweep(session, plan, args))
 }
 
 /// [`main`] with other per-rank work than the sweep (`busbw tiers`): the same launch,
@@ -35,6 +37,10 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
     };
     if args.nproc_per_node == 0 {
         eprintln!("busbw: error: --nproc-per-node 0: each process must start at least one rank");
+        return exit::USAGE;
+    }
+    if let Err(msg) = crate::exports::requested(&args.report) {
+        eprintln!("busbw: error: {msg}");
         return exit::USAGE;
     }
     let opts = DetectOptions {
@@ -332,7 +338,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     }
 }
 
-fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
+fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs) -> Result<i32> {
     let rank0 = session.comm.rank() == 0;
     if let Err(msg) = plan.roots(session.comm.size()) {
         if rank0 {
@@ -341,7 +347,31 @@ fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
         session.finish()?;
         return Ok(exit::USAGE);
     }
-    let mut table = TextTable::new(std::io::stdout().lock());
+    let roots = plan.roots(session.comm.size()).map_or(1, |r| r.len());
+    let rows = (plan.dtypes.len() * plan.ops.len() * roots * plan.sizes.len()) as u64;
+    let total = (plan.cycles > 0).then(|| rows * u64::from(plan.cycles));
+    let term = Terminal::new(&args.report, total, plan.spec.program, rank0);
+    let mut table = Outputs {
+        table: TextTable::new(std::io::stdout().lock()),
+        term,
+        exports: None,
+    };
+    if rank0 {
+        let req = exports::requested(&args.report).map_err(anyhow::Error::msg)?;
+        for w in &req.warnings {
+            eprintln!("busbw: warning: {w}");
+        }
+        let record = exports::start_record(
+            plan,
+            session.comm.size(),
+            &session.devices,
+            &session.transport_name,
+            args.report.link_rate,
+        );
+        let algo = plan.spec.algos.then(|| plan.algo.name().to_string());
+        table.exports = exports::open(req, record, algo, &mut table.table)
+            .context("opening the export files")?;
+    }
     let header = run_header(session, plan);
     if rank0 {
         table.header(&header)?;
@@ -356,7 +386,15 @@ fn sweep(session: &mut Session, plan: &Plan) -> Result<i32> {
         }
         None => {
             let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
-            harness::run(&mut session.comm, plan, sink)?
+            match harness::run(&mut session.comm, plan, sink) {
+                Ok(s) => s,
+                Err(e) => {
+                    if rank0 {
+                        table.fail(&format!("{e:#}"));
+                    }
+                    return Err(e);
+                }
+            }
         }
     };
     let footer = footer(plan, &summary);

@@ -2,7 +2,7 @@
 //! (this pod's share of a job that spans hosts).
 
 use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -197,6 +197,11 @@ fn supervise(
             .env(LAUNCHED_ENV, "1")
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
+        // On a terminal, rank 0 writes stderr directly so that its progress bar can redraw in
+        // place (a line relay would hold it back until a newline); piped, it is prefixed too.
+        if rank == 0 && io::stderr().is_terminal() {
+            cmd.stderr(Stdio::inherit());
+        }
         if let Some(t) = token {
             cmd.env(JOB_TOKEN_ENV, t);
         }

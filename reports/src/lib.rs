@@ -11,12 +11,22 @@
 //! several [`Sink`]s (text today, JSON or test harnesses later) without each
 //! one recomputing numbers.
 
+pub mod clock;
+pub mod compare;
+pub mod export;
 pub mod fmt;
+pub mod font;
+pub mod history;
+pub mod html;
+pub mod plot;
 pub mod record;
+pub mod run;
+pub mod stats;
 pub mod table;
 pub mod tiers;
 
 pub use record::{Cell, DeviceInfo, Footer, Row, RunHeader, Step};
+pub use run::{CellDetail, Measured, RunRecord};
 pub use table::{busbw_average, TextTable};
 pub use tiers::TierReport;
 
@@ -33,6 +43,13 @@ pub trait Sink {
     fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
         let _ = report;
         Ok(())
+    }
+
+    /// A row with what the table does not show (per-rank spread, per-iteration statistics).
+    /// The harness calls this instead of [`Sink::row`]; sinks that only print the table keep
+    /// the default, which hands on the plain row.
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        self.row(&m.row)
     }
 }
 
@@ -51,6 +68,10 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
         (**self).tiers(report)
     }
+
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        (**self).measured(m)
+    }
 }
 
 /// Allows heterogeneous sinks to be chosen at runtime (`Box<dyn Sink>`).
@@ -66,5 +87,9 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
     }
     fn tiers(&mut self, report: &TierReport) -> std::io::Result<()> {
         (**self).tiers(report)
+    }
+
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        (**self).measured(m)
     }
 }

@@ -118,6 +118,81 @@ impl Footer {
     }
 }
 
+/// Per-topology-tier results of a run (`busbw tiers`, issue 6).
+///
+/// A placeholder shape owned by the reports side until the tiers work lands its own types in
+/// `tiers.rs`: every exporter, plot and `compare` reads tiers only through this struct, so
+/// swapping it for the tiers module's type (or filling it from it) touches one place. It lives
+/// in [`crate::run::RunRecord::tiers`] as an optional field, so records without tiers stay
+/// valid and records with them stay readable by older readers that ignore unknown fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TiersRecord {
+    pub tiers: Vec<TierRecord>,
+}
+
+/// One tier (e.g. "same node", "same rack", "same block", "cross block") measured as its own
+/// sweep over the groups of ranks that share that tier.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierRecord {
+    /// Tier name as the node labels define it, e.g. `rdma.rack`.
+    pub name: String,
+    /// Collective program that was run, e.g. `all_reduce_perf`.
+    #[serde(default)]
+    pub collective: String,
+    /// How many groups of ranks ran concurrently at this tier.
+    #[serde(default)]
+    pub groups: usize,
+    /// Expected link rate of this tier in GB/s when known; drawn as a reference line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rate_gbps: Option<f64>,
+    /// Measured points, one per size (slowest group's figures).
+    #[serde(default)]
+    pub rows: Vec<TierRow>,
+    /// Pass/fail of this tier against its expectation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<VerdictRecord>,
+}
+
+/// One size of one tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierRow {
+    pub size: u64,
+    pub time_us: f64,
+    pub algbw: f64,
+    pub busbw: f64,
+}
+
+/// A judgement with the reason for it, for a tier or for the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRecord {
+    pub pass: bool,
+    /// One line a person can act on, e.g. "rack r7: busbw 41 GB/s < 0.8 x 100 GB/s".
+    pub reason: String,
+}
+
+/// Pairwise link measurements: `busbw[i][j]` between `nodes[i]` and `nodes[j]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairwiseRecord {
+    /// Node (or rank) names, indexing both matrix axes.
+    pub nodes: Vec<String>,
+    /// Message size the matrix was measured at.
+    #[serde(default)]
+    pub size: u64,
+    /// GB/s; `None` for pairs not measured (the diagonal, or a pair that failed).
+    pub busbw: Vec<Vec<Option<f64>>>,
+    /// Links judged slow, marked on the heatmap.
+    #[serde(default)]
+    pub slow: Vec<SlowLink>,
+}
+
+/// A pair flagged as slow, with the reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlowLink {
+    pub a: usize,
+    pub b: usize,
+    pub reason: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
