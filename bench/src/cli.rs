@@ -334,9 +334,6 @@ pub struct TiersArgs {
     /// A link is slow when more than this fraction (and 3 MADs) below its tier's median.
     #[arg(long = "slow-fraction", default_value_t = 0.25)]
     pub slow_fraction: f64,
-    /// Also write {header, rows, tiers} as JSON to this file (atomically, on rank 0).
-    #[arg(long = "export-json")]
-    pub export_json: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]

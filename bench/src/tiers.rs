@@ -52,6 +52,21 @@ struct Options {
 }
 
 fn options(t: &TiersArgs) -> Result<Options, String> {
+    let r = &t.perf.report;
+    let unsupported = [
+        (r.nccl_json.is_some(), "-J/--output_file"),
+        (r.export_csv.is_some(), "--export-csv"),
+        (r.export_markdown.is_some(), "--export-markdown"),
+        (r.export_junit.is_some(), "--export-junit"),
+        (r.export_prometheus.is_some(), "--export-prometheus"),
+        (r.push_gateway.is_some(), "--push-gateway"),
+    ];
+    if let Some((_, flag)) = unsupported.iter().find(|(set, _)| *set) {
+        return Err(format!(
+            "{flag} is not available with `busbw tiers` yet: it writes --export-json (the tier \
+             report); run the *_perf subcommand for the other exporters"
+        ));
+    }
     let mut preset: Preset = t.preset.parse()?;
     if let Preset::Custom(keys) = &mut preset {
         *keys = t.keys.iter().map(|k| k.trim().to_string()).collect();
@@ -112,7 +127,9 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
         pairwise: !t.no_pairwise,
         thresholds,
         slow_fraction: t.slow_fraction,
-        export_json: t.export_json.clone(),
+        // The tiers record ({header, rows, tiers}); the run-record exporters of `*_perf`
+        // runs do not apply here yet and are refused below.
+        export_json: t.perf.report.export_json.clone(),
         join: JoinOptions {
             token: t.perf.job_token.clone(),
             socket_ifname: t.perf.socket_ifname.clone(),
