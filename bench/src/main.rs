@@ -2,6 +2,7 @@
 //! collective's descriptor, and hand over to the shared perf driver.
 
 mod cli;
+mod doctor;
 mod exit;
 mod harness;
 mod perf;
@@ -9,14 +10,20 @@ mod plan;
 mod session;
 mod sizes;
 mod specs;
+mod verbs;
 
 use clap::Parser;
 
 fn main() {
     let cli = cli::Cli::parse();
-    let code = match specs::find(cli.command.program()) {
-        Some(spec) => perf::main(spec, cli.command.args()),
-        None => {
+    let code = match (
+        &cli.command,
+        cli.command.args(),
+        specs::find(cli.command.program()),
+    ) {
+        (cli::Command::Doctor(d), _, _) => doctor::main(d),
+        (_, Some(args), Some(spec)) => perf::main(spec, args),
+        _ => {
             eprintln!("busbw: error: no descriptor for {}", cli.command.program());
             exit::INTERNAL
         }
