@@ -64,6 +64,22 @@ pub enum Command {
     Tiers(Box<TiersArgs>),
     #[command(flatten)]
     Tools(crate::cli_report::ToolCommand),
+    /// RDMA devices, ports, link layers, MTUs and GID tables, the GID and rail busbw would
+    /// use, and what to fix. Exits 0 when a port is usable, 1 when none is.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// Devices to consider, NCCL_IB_HCA syntax (mlx5_0:1,mlx5_1, ^ to exclude, = exact).
+    #[arg(long = "ib-hca", env = "NCCL_IB_HCA")]
+    pub ib_hca: Option<String>,
+    /// Show the rail of this local rank first (default: LOCAL_RANK, else 0).
+    #[arg(long = "local-rank", env = "LOCAL_RANK", default_value_t = 0)]
+    pub local_rank: usize,
+    /// Read this directory instead of /sys (tests, or a copy of another host's sysfs).
+    #[arg(long = "sysfs-root", default_value = "/sys", hide = true)]
+    pub sysfs_root: std::path::PathBuf,
 }
 
 impl Command {
@@ -81,9 +97,10 @@ impl Command {
             Command::Hypercube(_) => "hypercube_perf",
             Command::Tiers(_) => "tiers",
             Command::Tools(_) => "busbw",
+            Command::Doctor(_) => "doctor",
         }
     }
-    /// The perf flags; `None` for the tools that read saved runs.
+    /// The perf flags; `None` for `doctor` and the tools that read saved runs.
     pub fn args(&self) -> Option<&PerfArgs> {
         Some(match self {
             Command::AllReduce(a)
@@ -97,7 +114,7 @@ impl Command {
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
             Command::Tiers(t) => &t.perf,
-            Command::Tools(_) => return None,
+            Command::Tools(_) | Command::Doctor(_) => return None,
         })
     }
 }
@@ -261,10 +278,17 @@ pub struct PerfArgs {
     /// Say what the launcher detection found (stderr).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Data transport: auto (shared memory to ranks on the same host, TCP to the others),
-    /// tcp, or shm (same-host jobs only).
-    #[arg(long = "transport", env = "BUSBW_TRANSPORT", default_value = "auto", value_parser = ["auto", "tcp", "shm"])]
+    /// Data transport: auto (shared memory to ranks on the same host, RDMA verbs to the others
+    /// when both have a usable RoCE/IB port and busbw is built with `verbs`, else TCP), tcp,
+    /// shm (same-host jobs only) or verbs (RDMA for every peer).
+    #[arg(long = "transport", env = "BUSBW_TRANSPORT", default_value = "auto", value_parser = ["auto", "tcp", "shm", "verbs"])]
     pub transport: String,
+    /// RDMA devices and ports, NCCL_IB_HCA syntax (mlx5_0:1,mlx5_1, ^ to exclude, = exact);
+    /// each local rank takes its own. NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY,
+    /// NCCL_IB_ADDR_RANGE, NCCL_IB_TC, NCCL_IB_SL, NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT and
+    /// NCCL_IB_QPS_PER_CONNECTION are read as NCCL reads them (docs/rdma.md).
+    #[arg(long = "ib-hca", env = "NCCL_IB_HCA")]
+    pub ib_hca: Option<String>,
     /// Spawn this many local ranks on 127.0.0.1 (1: run in this process).
     #[arg(long = "np", default_value_t = 1)]
     pub np: usize,

@@ -3,6 +3,7 @@
 
 mod cli;
 mod cli_report;
+mod doctor;
 mod exit;
 mod exports;
 mod harness;
@@ -14,6 +15,7 @@ mod sizes;
 mod specs;
 mod terminal;
 mod tiers;
+mod verbs;
 
 use clap::Parser;
 
@@ -24,6 +26,7 @@ fn main() {
     }
     let code = match (&cli.command, specs::find(cli.command.program())) {
         (cli::Command::Tools(t), _) => report_cmd::main(t),
+        (cli::Command::Doctor(d), _) => doctor::main(d),
         (c, Some(spec)) => match c.args() {
             Some(args) => perf::main(spec, args),
             None => exit::INTERNAL,

@@ -35,6 +35,10 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
             return exit::USAGE;
         }
     };
+    if let Err(msg) = crate::verbs::preflight(args, plan.timeout) {
+        eprintln!("busbw: error: {msg}");
+        return exit::USAGE;
+    }
     if args.nproc_per_node == 0 {
         eprintln!("busbw: error: --nproc-per-node 0: each process must start at least one rank");
         return exit::USAGE;
@@ -285,6 +289,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
         let opts = JoinOptions {
             token: args.job_token.clone(),
             socket_ifname: args.socket_ifname.clone(),
+            ib_hca: args.ib_hca.clone(),
         };
         join_rendezvous(&world, plan, &opts).and_then(|rdv| Session::join(world, rdv, plan, &opts))
     };

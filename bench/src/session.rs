@@ -51,6 +51,8 @@ pub struct JoinOptions {
     pub token: Option<String>,
     /// `--socket-ifname` / `NCCL_SOCKET_IFNAME`.
     pub socket_ifname: Option<String>,
+    /// `--ib-hca` / `NCCL_IB_HCA`.
+    pub ib_hca: Option<String>,
 }
 
 /// The address peers should use to reach this host: the interface `--socket-ifname` names;
@@ -182,18 +184,33 @@ impl Session {
         };
         let tcp_only = tcp();
         let node = node_identity(&world.hostname);
+        let verbs = crate::verbs::for_rank(
+            &plan.transport,
+            opts.ib_hca.as_deref(),
+            world.local_rank,
+            timeout,
+            identity,
+            bind,
+            advertise,
+        )?;
+        let verbs_desc = verbs.as_ref().map(|(_, d)| d.clone());
+        let verbs = verbs.map(|(m, _)| m);
         // Kept unboxed until the routes are known: it says which member reaches each peer.
         let multi = match plan.transport.as_str() {
             "tcp" => None,
             "shm" => Some(MultiTransport::new(vec![shm()], node.clone())?),
+            "verbs" => Some(MultiTransport::new(
+                verbs.into_iter().collect(),
+                node.clone(),
+            )?),
             _ => Some(MultiTransport::new(
-                vec![
-                    shm(),
-                    Member {
+                std::iter::once(shm())
+                    .chain(verbs)
+                    .chain(std::iter::once(Member {
                         transport: tcp(),
                         same_node_only: false,
-                    },
-                ],
+                    }))
+                    .collect(),
                 node.clone(),
             )?),
         };
@@ -256,8 +273,13 @@ impl Session {
             }
         }
         // In priority order (shared memory first), whatever order the peers came in.
-        routes.sort_by_key(|n| ["shm", "tcp"].iter().position(|p| p == n));
-        let route_names = gather("route", routes.join("+").as_bytes())?;
+        routes.sort_by_key(|n| ["shm", "verbs", "tcp"].iter().position(|p| p == n));
+        let mut route = routes.join("+");
+        if let (true, Some(d)) = (routes.contains(&"verbs"), &verbs_desc) {
+            // The device block names the RDMA port and GID each rank uses.
+            route = format!("{route} [{d}]");
+        }
+        let route_names = gather("route", route.as_bytes())?;
         let mut devices = Vec::new();
         let mut node_ids = Vec::new();
         for (r, raw) in infos.iter().enumerate() {

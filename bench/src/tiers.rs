@@ -133,6 +133,7 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
         join: JoinOptions {
             token: t.perf.job_token.clone(),
             socket_ifname: t.perf.socket_ifname.clone(),
+            ib_hca: t.perf.ib_hca.clone(),
         },
         verbose: t.perf.verbose > 0,
     })

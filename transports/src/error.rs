@@ -32,6 +32,9 @@ pub enum TransportError {
     OutsideRegistration,
     #[error("{0}")]
     Unsupported(String),
+    /// A failed RDMA work completion or verbs call, decoded (`verbs::wc`).
+    #[error("RDMA with peer rank {peer}: {msg}")]
+    Rdma { peer: u32, msg: String },
 }
 
 impl TransportError {
@@ -42,7 +45,8 @@ impl TransportError {
             | TransportError::PeerIo { peer, .. }
             | TransportError::Truncated { peer, .. }
             | TransportError::TagMismatch { peer, .. }
-            | TransportError::TooManyRequests { peer, .. } => Some(*peer),
+            | TransportError::TooManyRequests { peer, .. }
+            | TransportError::Rdma { peer, .. } => Some(*peer),
             _ => None,
         }
     }

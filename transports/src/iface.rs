@@ -23,23 +23,30 @@ pub struct IfaceFilter {
     names: Vec<String>,
 }
 
+/// NCCL's list syntax shared by `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA`: an optional `^`
+/// (exclude), an optional `=` (exact names), then comma-separated items, blanks dropped.
+pub(crate) fn split_list(spec: &str) -> (bool, bool, Vec<&str>) {
+    let mut s = spec.trim();
+    let exclude = s.starts_with('^');
+    if exclude {
+        s = &s[1..];
+    }
+    let exact = s.starts_with('=');
+    if exact {
+        s = &s[1..];
+    }
+    let items = s
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    (exclude, exact, items)
+}
+
 impl IfaceFilter {
     pub fn parse(spec: &str) -> Result<Self, String> {
-        let mut s = spec.trim();
-        let exclude = s.starts_with('^');
-        if exclude {
-            s = &s[1..];
-        }
-        let exact = s.starts_with('=');
-        if exact {
-            s = &s[1..];
-        }
-        let names: Vec<String> = s
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(String::from)
-            .collect();
+        let (exclude, exact, items) = split_list(spec);
+        let names: Vec<String> = items.into_iter().map(String::from).collect();
         if names.is_empty() {
             return Err(format!(
                 "interface list '{spec}' names no interface (examples: eth0, ^docker,lo, =ens5)"

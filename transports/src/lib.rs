@@ -20,6 +20,7 @@ pub mod multi;
 pub mod shm;
 mod slots;
 pub mod tcp;
+pub mod verbs;
 
 pub use abort::Abort;
 pub use error::{Result, TransportError};

@@ -3,8 +3,10 @@
 //! same host, the network otherwise).
 //!
 //! The handle carries the listener's node identity (host name and boot id, as NCCL's host
-//! hash does) and every member transport's own handle, so the connecting side decides alone;
-//! the listener accepts on all members.
+//! hash does) and every member transport's own handle under the member's name, so the
+//! connecting side decides alone, and ranks whose member lists differ (one host has a usable
+//! RDMA port, the other not) still agree: a member is used only when both ends have it. The
+//! listener accepts on all members.
 
 use crate::{
     Handle, Identity, Listener, Properties, RecvComm, Registration, Result, SendComm, Transport,
@@ -55,17 +57,21 @@ impl MultiTransport {
         self.pick(&node, &subs, u32::MAX)
     }
 
-    fn pick(&self, node: &str, subs: &[Option<Handle>], peer: u32) -> Result<usize> {
+    fn pick(&self, node: &str, subs: &[(String, Handle)], peer: u32) -> Result<usize> {
         let same = node == self.node;
         self.members
             .iter()
-            .enumerate()
-            .position(|(i, m)| {
-                subs.get(i).is_some_and(Option::is_some) && (same || !m.same_node_only)
+            .position(|m| {
+                let name = m.transport.properties().name;
+                subs.iter().any(|(n, _)| n == name) && (same || !m.same_node_only)
             })
             .ok_or_else(|| {
                 TransportError::Unsupported(format!(
-                    "no transport reaches rank {peer} (on {node}) from {}: {}",
+                    "no transport reaches rank {peer} (on {node}, listening on {}) from {}: {}",
+                    subs.iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join("+"),
                     self.node,
                     if same {
                         "the peer listens on none of ours"
@@ -75,24 +81,32 @@ impl MultiTransport {
                 ))
             })
     }
+
+    /// The peer's handle for member `i`.
+    fn sub<'a>(&self, subs: &'a [(String, Handle)], i: usize) -> Result<&'a Handle> {
+        let name = self.members[i].transport.properties().name;
+        subs.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, h)| h)
+            .ok_or_else(|| TransportError::BadHandle(format!("missing {name} handle")))
+    }
 }
 
-/// Handle layout: `busbw-multi/1\n<node>\n` then per member `<len>\n<bytes>` (len 0 = none).
-fn encode(node: &str, subs: &[Option<Handle>]) -> Handle {
-    let mut v = format!("busbw-multi/1\n{node}\n").into_bytes();
-    for s in subs {
-        let b: &[u8] = s.as_ref().map(|h| h.0.as_slice()).unwrap_or(&[]);
-        v.extend_from_slice(format!("{}\n", b.len()).as_bytes());
-        v.extend_from_slice(b);
+/// Handle layout: `busbw-multi/2\n<node>\n` then per member `<name> <len>\n<bytes>`.
+fn encode(node: &str, subs: &[(&str, Handle)]) -> Handle {
+    let mut v = format!("busbw-multi/2\n{node}\n").into_bytes();
+    for (name, h) in subs {
+        v.extend_from_slice(format!("{name} {}\n", h.0.len()).as_bytes());
+        v.extend_from_slice(&h.0);
     }
     Handle(v)
 }
 
-fn decode(h: &Handle) -> Result<(String, Vec<Option<Handle>>)> {
+fn decode(h: &Handle) -> Result<(String, Vec<(String, Handle)>)> {
     let bad = |why: &str| TransportError::BadHandle(format!("multi-transport handle: {why}"));
     let mut rest =
-        h.0.strip_prefix(b"busbw-multi/1\n".as_slice())
-            .ok_or_else(|| bad("wrong prefix"))?;
+        h.0.strip_prefix(b"busbw-multi/2\n".as_slice())
+            .ok_or_else(|| bad("wrong prefix (another busbw version?)"))?;
     let line = |rest: &mut &[u8]| -> Result<String> {
         let end = rest
             .iter()
@@ -107,11 +121,13 @@ fn decode(h: &Handle) -> Result<(String, Vec<Option<Handle>>)> {
     let node = line(&mut rest)?;
     let mut subs = Vec::new();
     while !rest.is_empty() {
-        let len: usize = line(&mut rest)?.parse().map_err(|_| bad("bad length"))?;
+        let head = line(&mut rest)?;
+        let (name, len) = head.split_once(' ').ok_or_else(|| bad("no member name"))?;
+        let len: usize = len.parse().map_err(|_| bad("bad length"))?;
         if len > rest.len() {
             return Err(bad("length past the end"));
         }
-        subs.push((len > 0).then(|| Handle(rest[..len].to_vec())));
+        subs.push((name.to_string(), Handle(rest[..len].to_vec())));
         rest = &rest[len..];
     }
     Ok((node, subs))
@@ -135,7 +151,7 @@ impl Transport for MultiTransport {
         let mut listeners = Vec::with_capacity(self.members.len());
         for m in &self.members {
             let (h, l) = m.transport.listen()?;
-            subs.push(Some(h));
+            subs.push((m.transport.properties().name, h));
             listeners.push(l);
         }
         Ok((
@@ -152,16 +168,31 @@ impl Transport for MultiTransport {
     ) -> Result<Box<dyn SendComm>> {
         let (node, subs) = decode(handle)?;
         let i = self.pick(&node, &subs, u32::MAX)?;
-        let sub = subs[i]
-            .as_ref()
-            .ok_or_else(|| TransportError::BadHandle("missing member handle".into()))?;
+        let sub = self.sub(&subs, i)?;
         self.members[i].transport.connect(sub, channel, timeout)
     }
 
     fn register(&self, region: crate::MemRegion) -> Result<Registration> {
-        // Host memory needs no registration on TCP or shared memory; device memory support
-        // would register with every member and combine the keys.
-        Ok(Registration { region, key: 0 })
+        // Every member registers; at most one (verbs) uses keys, TCP and shared memory return
+        // 0, so the key that is not 0 is the one the connections that need one will read.
+        let mut key = 0;
+        for m in &self.members {
+            let r = m.transport.register(region)?;
+            if r.key != 0 {
+                key = r.key;
+            }
+        }
+        Ok(Registration { region, key })
+    }
+
+    fn deregister(&self, registration: Registration) -> Result<()> {
+        for m in &self.members {
+            m.transport.deregister(Registration {
+                region: registration.region,
+                key: registration.key,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -202,16 +233,70 @@ mod tests {
     #[test]
     fn handle_round_trip() {
         let subs = vec![
-            Some(Handle(b"abc\n\x00".to_vec())),
-            None,
-            Some(Handle(vec![1; 300])),
+            ("shm", Handle(b"abc\n\x00".to_vec())),
+            ("verbs", Handle(vec![])),
+            ("tcp", Handle(vec![1; 300])),
         ];
         let h = encode("node7/boot", &subs);
         let (node, back) = decode(&h).unwrap();
         assert_eq!(node, "node7/boot");
-        assert_eq!(back, subs);
-        assert!(decode(&Handle(b"busbw-multi/1\nx\n99\nab".to_vec())).is_err());
+        let want: Vec<(String, Handle)> =
+            subs.into_iter().map(|(n, h)| (n.to_string(), h)).collect();
+        assert_eq!(back, want);
+        assert!(decode(&Handle(b"busbw-multi/2\nx\ntcp 99\nab".to_vec())).is_err());
+        assert!(decode(&Handle(b"busbw-multi/2\nx\n5\nabcde".to_vec())).is_err());
+        assert!(decode(&Handle(b"busbw-multi/1\nx\n".to_vec())).is_err());
         assert!(decode(&Handle(b"nope".to_vec())).is_err());
+    }
+
+    /// A network member only one side has (a usable RDMA port on one host only) is skipped:
+    /// the pair falls back to the member both have.
+    #[test]
+    fn members_only_one_side_has_are_not_used() {
+        use crate::tcp::{TcpConfig, TcpTransport};
+        struct Fancy(TcpTransport);
+        impl Transport for Fancy {
+            fn properties(&self) -> Properties {
+                let mut p = self.0.properties();
+                p.name = "fancy";
+                p
+            }
+            fn listen(&self) -> Result<(Handle, Box<dyn Listener>)> {
+                self.0.listen()
+            }
+            fn identity(&self) -> Identity {
+                self.0.identity()
+            }
+            fn connect(&self, h: &Handle, c: u32, t: Duration) -> Result<Box<dyn SendComm>> {
+                self.0.connect(h, c, t)
+            }
+        }
+        let net = |rank, fancy: bool| {
+            let id = Identity { job: 5, rank };
+            let mut m = vec![];
+            if fancy {
+                m.push(Member {
+                    transport: Box::new(Fancy(TcpTransport::new(id, TcpConfig::default()))),
+                    same_node_only: false,
+                });
+            }
+            m.push(Member {
+                transport: Box::new(TcpTransport::new(id, TcpConfig::default())),
+                same_node_only: false,
+            });
+            MultiTransport::new(m, format!("host-{rank}")).unwrap()
+        };
+        let (with, without) = (net(0, true), net(1, false));
+        let (h_with, _l0) = with.listen().unwrap();
+        let (h_without, _l1) = without.listen().unwrap();
+        assert_eq!(without.route(&h_with).unwrap(), "tcp");
+        assert_eq!(with.route(&h_without).unwrap(), "tcp");
+        let (h_with2, _l2) = net(2, true).listen().unwrap();
+        assert_eq!(
+            with.route(&h_with2).unwrap(),
+            "fancy",
+            "both have it: first in priority"
+        );
     }
 
     fn rank(node: &str, rank: u32) -> MultiTransport {

@@ -272,7 +272,7 @@ impl TcpListenerComm {
     }
 }
 
-fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
+pub(crate) fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
