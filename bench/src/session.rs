@@ -168,21 +168,7 @@ impl Session {
             job,
             rank: rank as u32,
         };
-        let tcp = || -> Box<dyn Transport> {
-            Box::new(TcpTransport::new(
-                identity,
-                TcpConfig {
-                    bind,
-                    advertise,
-                    ..TcpConfig::default()
-                },
-            ))
-        };
-        let shm = || Member {
-            transport: Box::new(ShmTransport::new(identity, ShmConfig::default())),
-            same_node_only: true,
-        };
-        let tcp_only = tcp();
+        let tcp_only = tcp_transport(identity, bind, advertise);
         let node = node_identity(&world.hostname);
         let verbs = crate::verbs::for_rank(
             &plan.transport,
@@ -194,26 +180,14 @@ impl Session {
             advertise,
         )?;
         let verbs_desc = verbs.as_ref().map(|(_, d)| d.clone());
-        let verbs = verbs.map(|(m, _)| m);
         // Kept unboxed until the routes are known: it says which member reaches each peer.
-        let multi = match plan.transport.as_str() {
-            "tcp" => None,
-            "shm" => Some(MultiTransport::new(vec![shm()], node.clone())?),
-            "verbs" => Some(MultiTransport::new(
-                verbs.into_iter().collect(),
-                node.clone(),
-            )?),
-            _ => Some(MultiTransport::new(
-                std::iter::once(shm())
-                    .chain(verbs)
-                    .chain(std::iter::once(Member {
-                        transport: tcp(),
-                        same_node_only: false,
-                    }))
-                    .collect(),
-                node.clone(),
-            )?),
-        };
+        let multi = multi_transport(
+            &plan.transport,
+            identity,
+            (bind, advertise),
+            &node,
+            verbs.map(|(m, _)| m),
+        )?;
         let transport: &dyn Transport = match &multi {
             Some(m) => m,
             None => &*tcp_only,
@@ -360,6 +334,52 @@ fn name_missing(e: StoreError, prefix: &str) -> anyhow::Error {
         },
         _ => e.into(),
     }
+}
+
+/// TCP alone (`--transport tcp`), and the network member of the others.
+pub(crate) fn tcp_transport(
+    identity: Identity,
+    bind: IpAddr,
+    advertise: Option<IpAddr>,
+) -> Box<dyn Transport> {
+    Box::new(TcpTransport::new(
+        identity,
+        TcpConfig {
+            bind,
+            advertise,
+            ..TcpConfig::default()
+        },
+    ))
+}
+
+/// The transports `--transport` names, in NCCL's priority order (shared memory, then RDMA,
+/// then TCP), behind one multi-transport; `None` for `tcp`, which needs no routing. `verbs`
+/// is this rank's RDMA member when it has one. One definition for the job's communicator and
+/// the tiers' sub-communicators, so both always choose alike.
+pub(crate) fn multi_transport(
+    kind: &str,
+    identity: Identity,
+    (bind, advertise): (IpAddr, Option<IpAddr>),
+    node: &str,
+    verbs: Option<Member>,
+) -> Result<Option<MultiTransport>> {
+    let shm = || Member {
+        transport: Box::new(ShmTransport::new(identity, ShmConfig::default())),
+        same_node_only: true,
+    };
+    let members: Vec<Member> = match kind {
+        "tcp" => return Ok(None),
+        "shm" => vec![shm()],
+        "verbs" => verbs.into_iter().collect(),
+        _ => std::iter::once(shm())
+            .chain(verbs)
+            .chain(std::iter::once(Member {
+                transport: tcp_transport(identity, bind, advertise),
+                same_node_only: false,
+            }))
+            .collect(),
+    };
+    Ok(Some(MultiTransport::new(members, node.to_string())?))
 }
 
 /// Join a multi-rank job's rendezvous.

@@ -42,6 +42,7 @@
 
 use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
+use crate::tcp::remaining;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
     SendComm, Sleep, Transport, TransportError,
@@ -150,12 +151,6 @@ fn parse_handle(handle: &Handle) -> Result<(u32, String)> {
             "{text:?} lacks a valid rank= or sock=@"
         ))),
     }
-}
-
-fn remaining(deadline: Instant) -> Option<Duration> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
 }
 
 fn poll_fd(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {

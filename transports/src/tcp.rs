@@ -121,7 +121,43 @@ fn set_buffers(stream: &TcpStream, sndbuf: usize, rcvbuf: usize) -> io::Result<(
     Ok(())
 }
 
-fn remaining(deadline: Instant) -> Option<Duration> {
+/// Connects to `addr` (rank `peer`) until `timeout`. A peer's listener exists before its
+/// handle is published, but a connect can still be refused transiently (SYN backlog full
+/// with many ranks, a route not up yet), so those errors are retried, as NCCL does; `what`
+/// describes the attempt in the timeout error.
+pub(crate) fn connect_retrying(
+    addr: SocketAddr,
+    peer: u32,
+    timeout: Duration,
+    what: impl Fn() -> String,
+) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
+            secs: timeout.as_secs_f64(),
+            what: what(),
+        })?;
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => return Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                        | io::ErrorKind::HostUnreachable
+                        | io::ErrorKind::NetworkUnreachable
+                        | io::ErrorKind::AddrNotAvailable
+                ) =>
+            {
+                std::thread::sleep(Duration::from_millis(50).min(left));
+            }
+            Err(e) => return Err(TransportError::PeerIo { peer, error: e }),
+        }
+    }
+}
+
+pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
     deadline
         .checked_duration_since(Instant::now())
         .filter(|d| !d.is_zero())
@@ -180,31 +216,9 @@ impl Transport for TcpTransport {
     ) -> Result<Box<dyn SendComm>> {
         let (peer, addr) = parse_handle(handle)?;
         let deadline = Instant::now() + timeout;
-        // The peer's listener exists before its handle is published, but a connect can still
-        // be refused transiently (SYN backlog full with many ranks); retry like NCCL does.
-        let stream = loop {
-            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
-                secs: timeout.as_secs_f64(),
-                what: format!("connecting to rank {peer} at {addr}"),
-            })?;
-            match TcpStream::connect_timeout(&addr, left) {
-                Ok(s) => break s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionRefused
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::HostUnreachable
-                            | io::ErrorKind::NetworkUnreachable
-                            | io::ErrorKind::AddrNotAvailable
-                    ) =>
-                {
-                    std::thread::sleep(Duration::from_millis(50).min(left));
-                }
-                Err(e) => return Err(TransportError::PeerIo { peer, error: e }),
-            }
-        };
+        let stream = connect_retrying(addr, peer, timeout, || {
+            format!("connecting to rank {peer} at {addr}")
+        })?;
         let io_err = |error| TransportError::PeerIo { peer, error };
         stream.set_nodelay(true).map_err(io_err)?;
         set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;

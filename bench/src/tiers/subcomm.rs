@@ -6,13 +6,11 @@
 //! group and the world, can never be mistaken for each other. Handles are exchanged under a
 //! store prefix of the group's name. Groups that run at once share nothing but the wire.
 
-use crate::session::JoinOptions;
+use crate::session::{multi_transport, tcp_transport, JoinOptions};
 use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::{never_registered, token_digest, Store, StoreError, World};
-use busbw_transports::multi::{node_identity, Member, MultiTransport};
-use busbw_transports::shm::{ShmConfig, ShmTransport};
-use busbw_transports::tcp::{TcpConfig, TcpTransport};
+use busbw_transports::multi::node_identity;
 use busbw_transports::{Abort, Handle, Identity, Transport};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -68,34 +66,19 @@ impl Factory {
     }
 
     fn transport(&self, identity: Identity) -> Result<Box<dyn Transport>> {
-        let tcp = || -> Box<dyn Transport> {
-            Box::new(TcpTransport::new(
-                identity,
-                TcpConfig {
-                    bind: self.bind,
-                    advertise: self.advertise,
-                    ..TcpConfig::default()
-                },
-            ))
+        // Groups have no RDMA member of their own yet: `verbs` runs them as `auto` does
+        // without one (shared memory, then TCP).
+        let kind = match self.transport.as_str() {
+            "verbs" => "auto",
+            k => k,
         };
-        let shm = || Member {
-            transport: Box::new(ShmTransport::new(identity, ShmConfig::default())),
-            same_node_only: true,
-        };
-        Ok(match self.transport.as_str() {
-            "tcp" => tcp(),
-            "shm" => Box::new(MultiTransport::new(vec![shm()], self.node.clone())?),
-            _ => Box::new(MultiTransport::new(
-                vec![
-                    shm(),
-                    Member {
-                        transport: tcp(),
-                        same_node_only: false,
-                    },
-                ],
-                self.node.clone(),
-            )?),
-        })
+        let addr = (self.bind, self.advertise);
+        Ok(
+            match multi_transport(kind, identity, addr, &self.node, None)? {
+                Some(m) => Box::new(m),
+                None => tcp_transport(identity, self.bind, self.advertise),
+            },
+        )
     }
 
     /// The communicator of group `name` whose members are `ranks` (global, ascending; this

@@ -202,31 +202,10 @@ impl Transport for VerbsTransport {
             fifo_rkey: fifo.mr.rkey(),
             fifo_depth: self.cfg.depth as u32,
         };
-        let deadline = Instant::now() + timeout;
         let addr = info.bootstrap;
-        let mut stream = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(TransportError::Timeout {
-                    secs: timeout.as_secs_f64(),
-                    what: format!("connecting to rank {peer}'s verbs bootstrap at {addr}"),
-                });
-            }
-            match TcpStream::connect_timeout(&addr, left) {
-                Ok(s) => break s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionRefused
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    std::thread::sleep(Duration::from_millis(50).min(left));
-                }
-                Err(error) => return Err(TransportError::PeerIo { peer, error }),
-            }
-        };
+        let mut stream = crate::tcp::connect_retrying(addr, peer, timeout, || {
+            format!("connecting to rank {peer}'s verbs bootstrap at {addr}")
+        })?;
         let io_err = |error| TransportError::PeerIo { peer, error };
         stream.set_nodelay(true).map_err(io_err)?;
         stream.set_write_timeout(Some(HELLO_WAIT)).map_err(io_err)?;
