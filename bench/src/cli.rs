@@ -275,6 +275,22 @@ pub struct PerfArgs {
     /// Interfaces for data connections, NCCL_SOCKET_IFNAME syntax (eth0, ^docker,lo, =ens5).
     #[arg(long = "socket-ifname", env = "NCCL_SOCKET_IFNAME")]
     pub socket_ifname: Option<String>,
+    /// Helper threads per TCP connection that carry long messages over extra sockets, as
+    /// NCCL_SOCKET_NTHREADS (1-16). 0: one socket per connection, moved by the rank itself,
+    /// best when cores are scarce.
+    #[arg(
+        long = "socket-nthreads",
+        env = "NCCL_SOCKET_NTHREADS",
+        default_value_t = 0
+    )]
+    pub socket_nthreads: usize,
+    /// Sockets per helper thread, as NCCL_NSOCKS_PERTHREAD (threads x sockets <= 64).
+    #[arg(
+        long = "nsocks-perthread",
+        env = "NCCL_NSOCKS_PERTHREAD",
+        default_value_t = 1
+    )]
+    pub nsocks_perthread: usize,
     /// Say what the launcher detection found (stderr).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,

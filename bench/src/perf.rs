@@ -280,6 +280,15 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
             return exit::USAGE;
         }
     }
+    if let Err(msg) =
+        crate::session::check_socket_threads(args.socket_nthreads, args.nsocks_perthread)
+    {
+        eprintln!(
+            "busbw: rank {} on {}: error: --socket-nthreads / --nsocks-perthread: {msg}",
+            world.rank, world.hostname
+        );
+        return exit::USAGE;
+    }
     let rank = world.rank;
     let host = world.hostname.clone();
     let me = world.clone();
@@ -290,6 +299,8 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
             token: args.job_token.clone(),
             socket_ifname: args.socket_ifname.clone(),
             ib_hca: args.ib_hca.clone(),
+            socket_nthreads: args.socket_nthreads,
+            nsocks_perthread: args.nsocks_perthread,
         };
         join_rendezvous(&world, plan, &opts).and_then(|rdv| Session::join(world, rdv, plan, &opts))
     };

@@ -53,6 +53,55 @@ pub struct JoinOptions {
     pub socket_ifname: Option<String>,
     /// `--ib-hca` / `NCCL_IB_HCA`.
     pub ib_hca: Option<String>,
+    /// `--socket-nthreads` / `NCCL_SOCKET_NTHREADS`.
+    pub socket_nthreads: usize,
+    /// `--nsocks-perthread` / `NCCL_NSOCKS_PERTHREAD`.
+    pub nsocks_perthread: usize,
+}
+
+impl JoinOptions {
+    /// This rank's TCP set-up once its address is known.
+    pub(crate) fn tcp(&self, (bind, advertise): (IpAddr, Option<IpAddr>)) -> TcpSetup {
+        TcpSetup {
+            bind,
+            advertise,
+            threads: self.socket_nthreads,
+            socks_per_thread: self.nsocks_perthread,
+        }
+    }
+}
+
+/// Where this rank's TCP listens and how many sockets its connections use: one value for the
+/// job's communicator and the tiers' sub-communicators.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TcpSetup {
+    pub bind: IpAddr,
+    pub advertise: Option<IpAddr>,
+    pub threads: usize,
+    pub socks_per_thread: usize,
+}
+
+impl TcpSetup {
+    fn config(&self) -> TcpConfig {
+        TcpConfig {
+            bind: self.bind,
+            advertise: self.advertise,
+            threads: self.threads,
+            socks_per_thread: self.socks_per_thread,
+            ..TcpConfig::default()
+        }
+    }
+}
+
+/// `--socket-nthreads` and `--nsocks-perthread` against NCCL's limits, checked before joining
+/// so that a typo is a usage error on the host that has it.
+pub(crate) fn check_socket_threads(threads: usize, socks_per_thread: usize) -> Result<(), String> {
+    TcpConfig {
+        threads,
+        socks_per_thread,
+        ..TcpConfig::default()
+    }
+    .validate()
 }
 
 /// The address peers should use to reach this host: the interface `--socket-ifname` names;
@@ -164,11 +213,12 @@ impl Session {
             ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
 
         let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
+        let tcp = opts.tcp((bind, advertise));
         let identity = Identity {
             job,
             rank: rank as u32,
         };
-        let tcp_only = tcp_transport(identity, bind, advertise);
+        let tcp_only = tcp_transport(identity, tcp);
         let node = node_identity(&world.hostname);
         let verbs = crate::verbs::for_rank(
             &plan.transport,
@@ -181,13 +231,7 @@ impl Session {
         )?;
         let verbs_desc = verbs.as_ref().map(|(_, d)| d.clone());
         // Kept unboxed until the routes are known: it says which member reaches each peer.
-        let multi = multi_transport(
-            &plan.transport,
-            identity,
-            (bind, advertise),
-            &node,
-            verbs.map(|(m, _)| m),
-        )?;
+        let multi = multi_transport(&plan.transport, identity, tcp, &node, verbs.map(|(m, _)| m))?;
         let transport: &dyn Transport = match &multi {
             Some(m) => m,
             None => &*tcp_only,
@@ -337,19 +381,8 @@ fn name_missing(e: StoreError, prefix: &str) -> anyhow::Error {
 }
 
 /// TCP alone (`--transport tcp`), and the network member of the others.
-pub(crate) fn tcp_transport(
-    identity: Identity,
-    bind: IpAddr,
-    advertise: Option<IpAddr>,
-) -> Box<dyn Transport> {
-    Box::new(TcpTransport::new(
-        identity,
-        TcpConfig {
-            bind,
-            advertise,
-            ..TcpConfig::default()
-        },
-    ))
+pub(crate) fn tcp_transport(identity: Identity, setup: TcpSetup) -> Box<dyn Transport> {
+    Box::new(TcpTransport::new(identity, setup.config()))
 }
 
 /// The transports `--transport` names, in NCCL's priority order (shared memory, then RDMA,
@@ -359,7 +392,7 @@ pub(crate) fn tcp_transport(
 pub(crate) fn multi_transport(
     kind: &str,
     identity: Identity,
-    (bind, advertise): (IpAddr, Option<IpAddr>),
+    tcp: TcpSetup,
     node: &str,
     verbs: Option<Member>,
 ) -> Result<Option<MultiTransport>> {
@@ -374,7 +407,7 @@ pub(crate) fn multi_transport(
         _ => std::iter::once(shm())
             .chain(verbs)
             .chain(std::iter::once(Member {
-                transport: tcp_transport(identity, bind, advertise),
+                transport: tcp_transport(identity, tcp),
                 same_node_only: false,
             }))
             .collect(),

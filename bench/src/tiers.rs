@@ -134,6 +134,8 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
             token: t.perf.job_token.clone(),
             socket_ifname: t.perf.socket_ifname.clone(),
             ib_hca: t.perf.ib_hca.clone(),
+            socket_nthreads: t.perf.socket_nthreads,
+            nsocks_perthread: t.perf.nsocks_perthread,
         },
         verbose: t.perf.verbose > 0,
     })

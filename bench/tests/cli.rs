@@ -425,6 +425,20 @@ fn bad_flags_are_usage_errors() {
     usage_error(&["all_reduce_perf", "-n", "0"], "-n 0");
     usage_error(&["all_reduce_perf", "-g", "2"], "--np");
     usage_error(&["all_reduce_perf", "--bogus"], "--bogus");
+    usage_error(
+        &["all_reduce_perf", "--socket-nthreads", "17"],
+        "at most 16 (NCCL_SOCKET_NTHREADS' limit)",
+    );
+    usage_error(
+        &[
+            "all_reduce_perf",
+            "--socket-nthreads",
+            "16",
+            "--nsocks-perthread",
+            "8",
+        ],
+        "128 data sockets; at most 64",
+    );
 }
 
 #[test]
@@ -834,8 +848,9 @@ fn socket_ifname_selects_or_explains() {
     );
 }
 
-/// Every collective over each transport: shared memory, TCP, and `--transport shm` (which
-/// must refuse nothing on one host).
+/// Every collective over each transport: shared memory, TCP, `--transport shm` (which must
+/// refuse nothing on one host), and TCP with helper threads and several sockets per
+/// connection (sizes past the 64 KiB split, so long messages travel on the extra sockets).
 #[test]
 fn every_subcommand_over_each_transport() {
     let colls = [
@@ -849,26 +864,34 @@ fn every_subcommand_over_each_transport() {
         "gather",
         "sendrecv",
     ];
-    for transport in ["tcp", "shm", "auto"] {
+    let lanes = ["--socket-nthreads", "2", "--nsocks-perthread", "2"];
+    for (transport, max, extra) in [
+        ("tcp", "64K", &[][..]),
+        ("shm", "64K", &[]),
+        ("auto", "64K", &[]),
+        ("tcp", "2M", &lanes),
+    ] {
         for coll in colls {
             let program = format!("{coll}_perf");
-            let out = run(&[
-                &program,
+            let mut args = vec![
+                &program[..],
                 "--np",
                 "3",
                 "-b",
                 "8",
                 "-e",
-                "64K",
+                max,
                 "-f",
-                "16",
+                "32",
                 "-n",
                 "1",
                 "-r",
                 "-1",
                 "--transport",
                 transport,
-            ]);
+            ];
+            args.extend_from_slice(extra);
+            let out = run(&args);
             let stdout = text(&out.stdout);
             assert_eq!(
                 out.status.code(),

@@ -18,6 +18,18 @@ fn tcp(rank: u32, job: u64) -> Box<dyn Transport> {
     ))
 }
 
+/// TCP with helper threads and several data sockets per connection (long messages split).
+fn tcp_lanes(rank: u32, job: u64) -> Box<dyn Transport> {
+    Box::new(TcpTransport::new(
+        Identity { job, rank },
+        TcpConfig {
+            threads: 2,
+            socks_per_thread: 2,
+            ..TcpConfig::default()
+        },
+    ))
+}
+
 fn inproc(rank: u32, job: u64) -> Box<dyn Transport> {
     Box::new(InprocTransport::new(Identity { job, rank }))
 }
@@ -101,6 +113,11 @@ fn tcp_round_trip() {
 }
 
 #[test]
+fn tcp_lanes_round_trip() {
+    round_trip(tcp_lanes);
+}
+
+#[test]
 fn inproc_round_trip() {
     round_trip(inproc);
 }
@@ -150,6 +167,11 @@ fn tcp_truncation_is_an_error() {
 }
 
 #[test]
+fn tcp_lanes_truncation_is_an_error() {
+    truncation(tcp_lanes);
+}
+
+#[test]
 fn inproc_truncation_is_an_error() {
     truncation(inproc);
 }
@@ -184,6 +206,11 @@ fn peer_closed(mk: fn(u32, u64) -> Box<dyn Transport>) {
 #[test]
 fn tcp_peer_closed_names_the_peer() {
     peer_closed(tcp);
+}
+
+#[test]
+fn tcp_lanes_peer_closed_names_the_peer() {
+    peer_closed(tcp_lanes);
 }
 
 #[test]
@@ -321,6 +348,90 @@ fn mixed_stream(mk: fn(u32, u64) -> Box<dyn Transport>) {
 #[test]
 fn tcp_mixed_stream() {
     mixed_stream(tcp);
+}
+
+#[test]
+fn tcp_lanes_mixed_stream() {
+    mixed_stream(tcp_lanes);
+}
+
+/// Several peers connect with lanes at once, so their sockets reach the listener
+/// interleaved: each connection is still put together from its own sockets.
+#[test]
+fn tcp_lanes_interleaved_connectors_are_kept_apart() {
+    let b = tcp_lanes(9, 5);
+    let (handle, mut listener) = b.listen().unwrap();
+    let n = 3u32;
+    let len = 3 << 20;
+    let senders: Vec<_> = (0..n)
+        .map(|r| {
+            let handle = handle.clone();
+            std::thread::spawn(move || {
+                let a = tcp_lanes(r, 5);
+                let mut send = a.connect(&handle, r, T).unwrap();
+                let src: Vec<u8> = (0..len).map(|i| (i as u32 * (r + 3)) as u8).collect();
+                let reg = a
+                    .register(unsafe {
+                        MemRegion::new(src.as_ptr() as *mut u8, len, MemoryKind::Host)
+                    })
+                    .unwrap();
+                let id = unsafe { send.isend(&reg, src.as_ptr(), len, r) }.unwrap();
+                let deadline = Instant::now() + T;
+                while send.test(id).unwrap().is_none() {
+                    assert!(Instant::now() < deadline, "send timed out");
+                }
+                send
+            })
+        })
+        .collect();
+    let mut recvs: Vec<_> = (0..n).map(|_| listener.accept(T).unwrap()).collect();
+    recvs.sort_by_key(|c| c.peer());
+    for (r, recv) in recvs.iter_mut().enumerate() {
+        let r = r as u32;
+        assert_eq!((recv.peer(), recv.channel()), (r, r));
+        let mut dst = vec![0u8; len];
+        let reg = b
+            .register(unsafe { MemRegion::new(dst.as_mut_ptr(), len, MemoryKind::Host) })
+            .unwrap();
+        let id = unsafe { recv.irecv(&reg, dst.as_mut_ptr(), len, r) }.unwrap();
+        let deadline = Instant::now() + T;
+        while recv.test(id).unwrap().is_none() {
+            assert!(Instant::now() < deadline, "receive timed out");
+        }
+        assert!(
+            dst.iter()
+                .enumerate()
+                .all(|(i, &v)| v == (i as u32 * (r + 3)) as u8),
+            "connection of rank {r} got another's bytes"
+        );
+    }
+    for s in senders {
+        drop(s.join().unwrap());
+    }
+}
+
+#[test]
+fn tcp_config_limits_follow_nccl() {
+    let ok = TcpConfig {
+        threads: 16,
+        socks_per_thread: 4,
+        ..TcpConfig::default()
+    };
+    assert_eq!(ok.lanes(), 64);
+    assert!(ok.validate().is_ok());
+    let too_many = TcpConfig {
+        threads: 16,
+        socks_per_thread: 5,
+        ..TcpConfig::default()
+    };
+    let err = too_many.validate().unwrap_err();
+    assert!(err.contains("80 data sockets"), "{err}");
+    let threads = TcpConfig {
+        threads: 17,
+        ..TcpConfig::default()
+    };
+    assert!(threads.validate().unwrap_err().contains("at most 16"));
+    assert_eq!(TcpConfig::default().lanes(), 0, "no helpers unless asked");
 }
 
 #[test]

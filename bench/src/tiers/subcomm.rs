@@ -6,13 +6,12 @@
 //! group and the world, can never be mistaken for each other. Handles are exchanged under a
 //! store prefix of the group's name. Groups that run at once share nothing but the wire.
 
-use crate::session::{multi_transport, tcp_transport, JoinOptions};
+use crate::session::{multi_transport, tcp_transport, JoinOptions, TcpSetup};
 use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::{never_registered, token_digest, Store, StoreError, World};
 use busbw_transports::multi::node_identity;
 use busbw_transports::{Abort, Handle, Identity, Transport};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +19,7 @@ use std::time::Duration;
 pub struct Factory {
     store: Arc<dyn Store>,
     job: u64,
-    bind: IpAddr,
-    advertise: Option<IpAddr>,
+    tcp: TcpSetup,
     node: String,
     transport: String,
     timeout: Duration,
@@ -50,13 +48,11 @@ impl Factory {
             .and_then(|s| s.trim().parse::<u64>().ok())
             .context("malformed job token in the rendezvous store")?
             ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
-        let (bind, advertise) =
-            crate::session::local_address(world, opts.socket_ifname.as_deref())?;
+        let addr = crate::session::local_address(world, opts.socket_ifname.as_deref())?;
         Ok(Self {
             store,
             job,
-            bind,
-            advertise,
+            tcp: opts.tcp(addr),
             node: node_identity(&world.hostname),
             transport: transport.to_string(),
             timeout,
@@ -72,11 +68,10 @@ impl Factory {
             "verbs" => "auto",
             k => k,
         };
-        let addr = (self.bind, self.advertise);
         Ok(
-            match multi_transport(kind, identity, addr, &self.node, None)? {
+            match multi_transport(kind, identity, self.tcp, &self.node, None)? {
                 Some(m) => Box::new(m),
-                None => tcp_transport(identity, self.bind, self.advertise),
+                None => tcp_transport(identity, self.tcp),
             },
         )
     }

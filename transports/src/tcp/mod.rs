@@ -1,15 +1,18 @@
 //! TCP transport.
 //!
 //! One TCP connection per direction per peer pair, as NCCL's socket transport does with its
-//! control socket. Every connection opens with a hello frame (magic, protocol version, job
+//! control socket, plus optionally several data sockets served by helper threads for long
+//! messages ([`lanes`], NCCL's `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD`). Every connection opens with a hello frame (magic, protocol version, job
 //! token, sender rank) so that connections from another job, a stale run or a port scanner are
 //! refused at accept time instead of corrupting a collective. Every message carries a 16-byte
 //! header (magic, tag, length) so that a desynchronised stream or a size disagreement between
 //! ranks is reported as such rather than as wrong data.
 //!
-//! Sockets are non-blocking and progressed by the caller's `test` loop (no helper threads), so
-//! a rank's sends and receives advance together and the ring can never deadlock on a full
-//! socket buffer.
+//! Sockets are non-blocking and progressed by the caller's `test` loop, so a rank's sends and
+//! receives advance together and the ring can never deadlock on a full socket buffer; helper
+//! threads, when configured, only ever move bytes of messages already posted on both sides.
+
+mod lanes;
 
 use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
@@ -17,6 +20,8 @@ use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
     SendComm, Transport, TransportError,
 };
+use lanes::{Direction, Lanes, MAX_LANES, MAX_THREADS, SPLIT_MIN};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -25,8 +30,12 @@ use std::time::{Duration, Instant};
 /// How long an accepted connection may take to send its hello.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
 const HELLO_MAGIC: u64 = 0x6275_7362_775f_7463; // "busbw_tc"
-const PROTOCOL_VERSION: u32 = 1;
-const HELLO_LEN: usize = 32;
+/// 2: the hello grew lane fields (index, count, helper threads, connection id).
+const PROTOCOL_VERSION: u32 = 2;
+const HELLO_LEN: usize = 48;
+/// Magic and version come first and are checked before the rest is awaited, so a peer of
+/// another version is named as such instead of timing out on a shorter hello.
+const HELLO_PREFIX: usize = 12;
 const MSG_MAGIC: u32 = 0xb05b_b0f1;
 const HANDLE_PREFIX: &str = "busbw-tcp/1";
 
@@ -43,6 +52,43 @@ pub struct TcpConfig {
     pub rcvbuf: usize,
     /// Requests that may be in flight on one comm.
     pub max_requests: usize,
+    /// Helper threads per connection that move long messages over extra data sockets
+    /// (`NCCL_SOCKET_NTHREADS`); 0 keeps everything on one socket progressed by the rank's own
+    /// thread, the right choice when cores are scarce.
+    pub threads: usize,
+    /// Data sockets per helper thread (`NCCL_NSOCKS_PERTHREAD`).
+    pub socks_per_thread: usize,
+}
+
+impl TcpConfig {
+    /// Data sockets per connection beside the control socket.
+    pub fn lanes(&self) -> usize {
+        if self.threads == 0 {
+            0
+        } else {
+            self.threads * self.socks_per_thread.max(1)
+        }
+    }
+
+    /// Checks the NCCL limits (threads 0..=16, threads × sockets <= 64) so a typo fails at
+    /// start-up with the rule instead of starting hundreds of sockets.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.threads > MAX_THREADS {
+            return Err(format!(
+                "{} socket threads asked for; at most {MAX_THREADS} (NCCL_SOCKET_NTHREADS' limit)",
+                self.threads
+            ));
+        }
+        if self.lanes() > MAX_LANES {
+            return Err(format!(
+                "{} threads x {} sockets per thread = {} data sockets; at most {MAX_LANES}",
+                self.threads,
+                self.socks_per_thread,
+                self.lanes()
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for TcpConfig {
@@ -53,6 +99,8 @@ impl Default for TcpConfig {
             sndbuf: 4 << 20,
             rcvbuf: 4 << 20,
             max_requests: 256,
+            threads: 0,
+            socks_per_thread: 1,
         }
     }
 }
@@ -204,6 +252,7 @@ impl Transport for TcpTransport {
                 listener,
                 identity: self.identity,
                 config: self.config.clone(),
+                pending: HashMap::new(),
             }),
         ))
     }
@@ -216,41 +265,169 @@ impl Transport for TcpTransport {
     ) -> Result<Box<dyn SendComm>> {
         let (peer, addr) = parse_handle(handle)?;
         let deadline = Instant::now() + timeout;
-        let stream = connect_retrying(addr, peer, timeout, || {
-            format!("connecting to rank {peer} at {addr}")
-        })?;
-        let io_err = |error| TransportError::PeerIo { peer, error };
-        stream.set_nodelay(true).map_err(io_err)?;
-        set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;
-        let mut hello = [0u8; HELLO_LEN];
-        hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        hello[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        hello[12..16].copy_from_slice(&self.identity.rank.to_le_bytes());
-        hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
-        hello[24..28].copy_from_slice(&channel.to_le_bytes());
-        let mut s = &stream;
-        s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
-            .map_err(io_err)?;
-        s.write_all(&hello).map_err(io_err)?;
-        stream.set_nonblocking(true).map_err(io_err)?;
+        self.config
+            .validate()
+            .map_err(TransportError::Unsupported)?;
+        let lanes = self.config.lanes();
+        let hello = Hello {
+            rank: self.identity.rank,
+            job: self.identity.job,
+            channel,
+            index: 0,
+            lanes: lanes as u32,
+            threads: self.config.threads as u32,
+            conn: if lanes > 0 { connection_id() } else { 0 },
+        };
+        let open = |index: u32| -> Result<TcpStream> {
+            let left = remaining(deadline).unwrap_or(Duration::from_millis(1));
+            let stream = connect_retrying(addr, peer, left, || {
+                format!("connecting to rank {peer} at {addr}")
+            })?;
+            let io_err = |error| TransportError::PeerIo { peer, error };
+            stream.set_nodelay(true).map_err(io_err)?;
+            set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;
+            let mut s = &stream;
+            s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
+                .map_err(io_err)?;
+            s.write_all(&Hello { index, ..hello }.encode())
+                .map_err(io_err)?;
+            Ok(stream)
+        };
+        let stream = open(0)?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|error| TransportError::PeerIo { peer, error })?;
+        let lanes = if lanes > 0 {
+            let streams = (1..=lanes as u32).map(open).collect::<Result<Vec<_>>>()?;
+            Some(Lanes::start(
+                streams,
+                self.config.threads,
+                Direction::Send,
+                self.config.max_requests,
+                peer,
+            )?)
+        } else {
+            None
+        };
         Ok(Box::new(TcpSendComm {
             slots: Slots::new(self.config.max_requests, peer),
             stream,
             peer,
+            lanes,
         }))
     }
+}
+
+/// The first frame of every socket of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hello {
+    rank: u32,
+    job: u64,
+    channel: u32,
+    /// 0 for the control socket, 1..=lanes for the data sockets.
+    index: u32,
+    lanes: u32,
+    threads: u32,
+    /// Ties a connection's sockets together at the acceptor (random per connect; 0 without
+    /// lanes).
+    conn: u64,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.rank.to_le_bytes());
+        b[16..24].copy_from_slice(&self.job.to_le_bytes());
+        b[24..28].copy_from_slice(&self.channel.to_le_bytes());
+        b[28..32].copy_from_slice(&self.index.to_le_bytes());
+        b[32..36].copy_from_slice(&self.lanes.to_le_bytes());
+        b[36..40].copy_from_slice(&self.threads.to_le_bytes());
+        b[40..48].copy_from_slice(&self.conn.to_le_bytes());
+        b
+    }
+
+    /// Decodes a hello for a listener of job `job`, or says why it is not one of ours.
+    fn decode(b: &[u8; HELLO_LEN], job: u64) -> std::result::Result<Hello, String> {
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        check_prefix(&b[..HELLO_PREFIX])?;
+        let h = Hello {
+            rank: u32_at(12),
+            job: u64_at(16),
+            channel: u32_at(24),
+            index: u32_at(28),
+            lanes: u32_at(32),
+            threads: u32_at(36),
+            conn: u64_at(40),
+        };
+        if h.job != job {
+            return Err(format!(
+                "rank {} belongs to another job or has another job token",
+                h.rank
+            ));
+        }
+        if h.lanes as usize > MAX_LANES || h.index > h.lanes || h.threads as usize > MAX_THREADS {
+            return Err(format!(
+                "rank {} asked for socket {} of {} with {} threads (at most {MAX_LANES} sockets, \
+                 {MAX_THREADS} threads)",
+                h.rank, h.index, h.lanes, h.threads
+            ));
+        }
+        Ok(h)
+    }
+}
+
+/// Magic and protocol version, the part of a hello every version shares.
+fn check_prefix(b: &[u8]) -> std::result::Result<(), String> {
+    let mut m = [0u8; 8];
+    m.copy_from_slice(&b[0..8]);
+    if u64::from_le_bytes(m) != HELLO_MAGIC {
+        return Err("not a busbw connection (bad magic)".into());
+    }
+    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if version != PROTOCOL_VERSION {
+        return Err(format!(
+            "busbw wire protocol {version} where {PROTOCOL_VERSION} is spoken (mixed versions?)"
+        ));
+    }
+    Ok(())
+}
+
+/// Random enough to keep two connections of one peer and channel apart at the acceptor
+/// (a reconnect after a failed attempt, say); not a secret.
+fn connection_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
 }
 
 struct TcpListenerComm {
     listener: TcpListener,
     identity: Identity,
     config: TcpConfig,
+    /// Connections whose sockets have not all arrived, by (rank, channel, connection id):
+    /// the sockets by index, and when the first one came (stale entries are dropped).
+    pending: HashMap<ConnKey, (Vec<Option<TcpStream>>, Instant)>,
 }
 
+/// (rank, channel, connection id) of a connection with lanes.
+type ConnKey = (u32, u32, u64);
+
 impl TcpListenerComm {
-    /// Reads and checks the hello frame, returning the peer's (rank, channel), or why the
-    /// connection is not one of ours.
-    fn handshake(&self, stream: &TcpStream) -> io::Result<Result<(u32, u32), String>> {
+    /// Reads and checks the hello frame, returning it, or why the connection is not one of
+    /// ours.
+    fn handshake(&self, stream: &TcpStream) -> io::Result<Result<Hello, String>> {
         // Independent of the accept deadline: a caller polling accept in short slices (the
         // multi-transport) must not refuse a peer whose hello is a few milliseconds late
         // on a loaded host. A stranger that never speaks costs at most this long.
@@ -259,30 +436,40 @@ impl TcpListenerComm {
         stream.set_read_timeout(Some(wait))?;
         let mut hello = [0u8; HELLO_LEN];
         let mut s = stream;
-        if let Err(e) = s.read_exact(&mut hello) {
+        if let Err(e) = s.read_exact(&mut hello[..HELLO_PREFIX]) {
             return Ok(Err(format!("no complete hello frame ({e})")));
         }
-        let word = |r: std::ops::Range<usize>| {
-            let mut b = [0u8; 8];
-            b[..r.len()].copy_from_slice(&hello[r]);
-            u64::from_le_bytes(b)
-        };
-        if word(0..8) != HELLO_MAGIC {
-            return Ok(Err("not a busbw connection (bad magic)".into()));
+        if let Err(why) = check_prefix(&hello[..HELLO_PREFIX]) {
+            return Ok(Err(why));
         }
-        if word(8..12) != PROTOCOL_VERSION as u64 {
-            return Ok(Err(format!(
-                "busbw wire protocol {} where {PROTOCOL_VERSION} is spoken (mixed versions?)",
-                word(8..12)
-            )));
+        if let Err(e) = s.read_exact(&mut hello[HELLO_PREFIX..]) {
+            return Ok(Err(format!("no complete hello frame ({e})")));
         }
-        if word(16..24) != self.identity.job {
-            return Ok(Err(format!(
-                "rank {} belongs to another job or has another job token",
-                word(12..16)
-            )));
+        Ok(Hello::decode(&hello, self.identity.job))
+    }
+
+    /// Files an accepted socket under its connection; returns the connection's sockets
+    /// (control first) once all have arrived.
+    fn gather(&mut self, hello: Hello, stream: TcpStream) -> Option<Vec<TcpStream>> {
+        if hello.lanes == 0 {
+            return Some(vec![stream]);
         }
-        Ok(Ok((word(12..16) as u32, word(24..28) as u32)))
+        // A connector that died half-way leaves a partial entry; forget it after a while so
+        // a long-lived listener does not accumulate them.
+        self.pending
+            .retain(|_, (_, since)| since.elapsed() < Duration::from_secs(600));
+        let key = (hello.rank, hello.channel, hello.conn);
+        let entry = self
+            .pending
+            .entry(key)
+            .or_insert_with(|| ((0..=hello.lanes).map(|_| None).collect(), Instant::now()));
+        let slot = entry.0.get_mut(hello.index as usize)?;
+        *slot = Some(stream);
+        if entry.0.iter().all(Option::is_some) {
+            let (socks, _) = self.pending.remove(&key)?;
+            return socks.into_iter().collect();
+        }
+        None
     }
 }
 
@@ -331,12 +518,12 @@ impl Listener for TcpListenerComm {
                 Err(e) => return Err(e.into()),
             };
             let refused = match self.handshake(&stream) {
-                Ok(Ok((peer, channel))) => Ok((peer, channel)),
+                Ok(Ok(hello)) => Ok(hello),
                 Ok(Err(why)) => Err(why),
                 Err(e) => Err(e.to_string()),
             };
-            let (peer, channel) = match refused {
-                Ok(who) => who,
+            let hello = match refused {
+                Ok(hello) => hello,
                 Err(why) => {
                     // A stranger: say so (a misconfigured job should be visible), drop it and
                     // keep waiting for the peer we expect.
@@ -344,15 +531,33 @@ impl Listener for TcpListenerComm {
                     continue;
                 }
             };
+            let (peer, channel) = (hello.rank, hello.channel);
             let io_err = |error| TransportError::PeerIo { peer, error };
             stream.set_nodelay(true).map_err(io_err)?;
             set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;
+            let Some(mut socks) = self.gather(hello, stream) else {
+                continue;
+            };
+            let stream = socks.remove(0);
             stream.set_nonblocking(true).map_err(io_err)?;
+            let lanes = if socks.is_empty() {
+                None
+            } else {
+                Some(Lanes::start(
+                    socks,
+                    hello.threads as usize,
+                    Direction::Recv,
+                    self.config.max_requests,
+                    peer,
+                )?)
+            };
             return Ok(Box::new(TcpRecvComm {
                 slots: Slots::new(self.config.max_requests, peer),
                 stream,
                 peer,
                 channel,
+                lanes,
+                split: None,
                 rx: vec![0; RX_BYTES].into_boxed_slice(),
                 rx_pos: 0,
                 rx_end: 0,
@@ -378,8 +583,13 @@ fn peer_error(peer: u32, e: io::Error) -> TransportError {
 struct SendReq {
     header: [u8; HEADER_LEN],
     ptr: *const u8,
+    /// Bytes that follow the header on the control socket (0 when the lanes carry them).
     len: usize,
+    /// Full message length, reported on completion.
+    bytes: usize,
     sent: usize,
+    /// The lanes' number for this message when they carry its payload.
+    split: Option<u64>,
 }
 
 // SAFETY: the pointer is only dereferenced by the comm's owner thread while the request is in
@@ -390,6 +600,7 @@ struct TcpSendComm {
     slots: Slots<SendReq>,
     stream: TcpStream,
     peer: u32,
+    lanes: Option<Lanes>,
 }
 
 impl TcpSendComm {
@@ -443,8 +654,13 @@ impl TcpSendComm {
                 }
                 req.sent += n as usize;
             }
-            let len = req.len;
-            self.slots.complete_front(len);
+            if let (Some(seq), Some(lanes)) = (req.split, &self.lanes) {
+                if !lanes.is_done(seq)? {
+                    return Ok(());
+                }
+            }
+            let bytes = req.bytes;
+            self.slots.complete_front(bytes);
         }
         Ok(())
     }
@@ -460,11 +676,18 @@ impl SendComm for TcpSendComm {
     ) -> Result<RequestId> {
         registration.check(ptr, len)?;
         let header = frame::encode(MSG_MAGIC, tag, len);
+        let split = match &mut self.lanes {
+            // The lanes only read through the pointer (Direction::Send).
+            Some(lanes) if len >= SPLIT_MIN => Some(lanes.post(ptr as *mut u8, len)?),
+            _ => None,
+        };
         let id = self.slots.post(SendReq {
             header,
             ptr,
-            len,
+            len: if split.is_some() { 0 } else { len },
+            bytes: len,
             sent: 0,
+            split,
         })?;
         // Start writing right away: small messages usually complete here.
         self.progress()?;
@@ -482,6 +705,14 @@ impl SendComm for TcpSendComm {
 
     fn readiness_fd(&self) -> Option<i32> {
         Some(self.stream.as_raw_fd())
+    }
+
+    fn sleep_on(&mut self) -> crate::Sleep {
+        match self.slots.front() {
+            // Header out, payload with the helpers: the control socket says nothing useful.
+            Some(r) if r.split.is_some() && r.sent >= HEADER_LEN => crate::Sleep::Nap,
+            _ => crate::Sleep::Writable(self.stream.as_raw_fd()),
+        }
     }
 }
 
@@ -515,6 +746,9 @@ struct TcpRecvComm {
     /// Length of the message whose payload is being read, once its header is in.
     incoming: Option<usize>,
     got: usize,
+    lanes: Option<Lanes>,
+    /// The lanes' number for the incoming message when they carry its payload.
+    split: Option<u64>,
 }
 
 impl TcpRecvComm {
@@ -588,8 +822,20 @@ impl TcpRecvComm {
                 let len = frame::check(&h, MSG_MAGIC, "tcp", self.peer, tag, posted)?;
                 self.incoming = Some(len);
                 self.got = 0;
+                if let Some(lanes) = &mut self.lanes {
+                    if len >= SPLIT_MIN {
+                        self.split = Some(lanes.post(ptr, len)?);
+                    }
+                }
             }
             let want = self.incoming.unwrap_or(0);
+            if let (Some(seq), Some(lanes)) = (self.split, &self.lanes) {
+                if !lanes.is_done(seq)? {
+                    return Ok(());
+                }
+                self.split = None;
+                self.got = want;
+            }
             while self.got < want {
                 let buffered = self.rx_end - self.rx_pos;
                 if buffered > 0 {
@@ -655,6 +901,14 @@ impl RecvComm for TcpRecvComm {
 
     fn readiness_fd(&self) -> Option<i32> {
         Some(self.stream.as_raw_fd())
+    }
+
+    fn sleep_on(&mut self) -> crate::Sleep {
+        if self.split.is_some() {
+            crate::Sleep::Nap
+        } else {
+            crate::Sleep::Readable(self.stream.as_raw_fd())
+        }
     }
 }
 
