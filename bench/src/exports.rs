@@ -174,6 +174,7 @@ pub fn start_record(
         tiers: None,
         pairwise: None,
         verdict: None,
+        tier_report: None,
     }
 }
 

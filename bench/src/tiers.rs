@@ -12,7 +12,9 @@ mod schedule;
 mod subcomm;
 
 use crate::cli::TiersArgs;
+use crate::cli_report::ReportArgs;
 use crate::exit;
+use crate::exports;
 use crate::harness;
 use crate::perf;
 use crate::plan::Plan;
@@ -25,13 +27,13 @@ use busbw_launchers::topology::{
     SourceConfig, TierModel,
 };
 use busbw_launchers::{MemoryStore, Store, World};
+use busbw_reports::export::ExportSink;
 use busbw_reports::tiers::{
     GroupResult, LinkMatrix, NodeInfo, TierFailure, TierReport, TierRow, TierSize, Verdict,
 };
-use busbw_reports::{Footer, Row, RunHeader, Sink, TextTable};
+use busbw_reports::{Footer, Measured, Row, RunHeader, Sink, TextTable};
 use schedule::Group;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,27 +48,13 @@ struct Options {
     /// (tier name or key, GB/s)
     thresholds: Vec<(String, f64)>,
     slow_fraction: f64,
-    export_json: Option<PathBuf>,
+    /// The report flags: the same exporters as a `*_perf` run, with the tiers in the record.
+    report: ReportArgs,
     join: JoinOptions,
     verbose: bool,
 }
 
 fn options(t: &TiersArgs) -> Result<Options, String> {
-    let r = &t.perf.report;
-    let unsupported = [
-        (r.nccl_json.is_some(), "-J/--output_file"),
-        (r.export_csv.is_some(), "--export-csv"),
-        (r.export_markdown.is_some(), "--export-markdown"),
-        (r.export_junit.is_some(), "--export-junit"),
-        (r.export_prometheus.is_some(), "--export-prometheus"),
-        (r.push_gateway.is_some(), "--push-gateway"),
-    ];
-    if let Some((_, flag)) = unsupported.iter().find(|(set, _)| *set) {
-        return Err(format!(
-            "{flag} is not available with `busbw tiers` yet: it writes --export-json (the tier \
-             report); run the *_perf subcommand for the other exporters"
-        ));
-    }
     let mut preset: Preset = t.preset.parse()?;
     if let Preset::Custom(keys) = &mut preset {
         *keys = t.keys.iter().map(|k| k.trim().to_string()).collect();
@@ -127,9 +115,7 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
         pairwise: !t.no_pairwise,
         thresholds,
         slow_fraction: t.slow_fraction,
-        // The tiers record ({header, rows, tiers}); the run-record exporters of `*_perf`
-        // runs do not apply here yet and are refused below.
-        export_json: t.perf.report.export_json.clone(),
+        report: t.perf.report.clone(),
         join: JoinOptions {
             token: t.perf.job_token.clone(),
             socket_ifname: t.perf.socket_ifname.clone(),
@@ -161,7 +147,7 @@ pub fn main(t: &TiersArgs) -> i32 {
     })
 }
 
-/// Rows as the harness produces them, optionally passed on to the text table.
+/// Rows as the harness produces them, optionally passed on to another sink.
 struct Collect<'a> {
     inner: Option<&'a mut dyn Sink>,
     rows: Vec<Row>,
@@ -175,8 +161,37 @@ impl Sink for Collect<'_> {
         self.rows.push(r.clone());
         self.inner.as_mut().map_or(Ok(()), |s| s.row(r))
     }
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        self.rows.push(m.row.clone());
+        self.inner.as_mut().map_or(Ok(()), |s| s.measured(m))
+    }
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         self.inner.as_mut().map_or(Ok(()), |s| s.footer(f))
+    }
+}
+
+/// Rank 0's sink for the whole-job sweep: the text table and the export files. The exports'
+/// footer waits until the tiers are in, so the record is finished (and pushed) once, whole.
+struct WorldSink<'a> {
+    table: &'a mut dyn Sink,
+    exports: Option<&'a mut ExportSink>,
+}
+
+impl Sink for WorldSink<'_> {
+    fn header(&mut self, h: &RunHeader) -> std::io::Result<()> {
+        self.table.header(h)?;
+        self.exports.as_mut().map_or(Ok(()), |e| e.header(h))
+    }
+    fn row(&mut self, r: &Row) -> std::io::Result<()> {
+        self.table.row(r)?;
+        self.exports.as_mut().map_or(Ok(()), |e| e.row(r))
+    }
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        self.table.measured(m)?;
+        self.exports.as_mut().map_or(Ok(()), |e| e.measured(m))
+    }
+    fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
+        self.table.footer(f)
     }
 }
 
@@ -280,12 +295,33 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
 
     // The main table: the whole job.
     let mut table = TextTable::new(std::io::stdout().lock());
-    let header = perf::run_header(session, plan);
+    let mut exports = None;
     if rank0 {
-        table.header(&header)?;
+        let req = exports::requested(&opts.report).map_err(anyhow::Error::msg)?;
+        for w in &req.warnings {
+            eprintln!("busbw: warning: {w}");
+        }
+        let record = exports::start_record(
+            plan,
+            size,
+            &session.devices,
+            &session.transport_name,
+            opts.report.link_rate,
+        );
+        let algo = plan.spec.algos.then(|| plan.algo.name().to_string());
+        exports =
+            exports::open(req, record, algo, &mut table).context("opening the export files")?;
     }
-    let mut world_rows = Collect {
-        inner: if rank0 { Some(&mut table) } else { None },
+    let header = perf::run_header(session, plan);
+    let mut out = WorldSink {
+        table: &mut table,
+        exports: exports.as_mut(),
+    };
+    if rank0 {
+        out.header(&header)?;
+    }
+    let mut sink = Collect {
+        inner: if rank0 { Some(&mut out) } else { None },
         rows: Vec::new(),
     };
     let summary = match (plan.spec.skip)(size) {
@@ -295,13 +331,17 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
             }
             harness::Summary::default()
         }
-        None => harness::run(&mut session.comm, plan, Some(&mut world_rows))?,
+        None => match harness::run(&mut session.comm, plan, Some(&mut sink)) {
+            Ok(s) => s,
+            Err(e) => {
+                fail(&mut exports, &format!("{e:#}"));
+                return Err(e);
+            }
+        },
     };
-    let world_rows = world_rows.rows;
     let footer = perf::footer(plan, &summary);
-    if rank0 {
-        table.footer(&footer)?;
-    }
+    sink.footer(&footer)?;
+    let world_rows = sink.rows;
 
     let factory = if size > 1 {
         Some(subcomm::Factory::new(
@@ -454,9 +494,10 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
             opts,
         );
         table.tiers(&report)?;
-        if let Some(path) = &opts.export_json {
-            write_json_export(path, &header, &world_rows, &report)
-                .with_context(|| format!("writing --export-json {}", path.display()))?;
+        if let Some(e) = &mut exports {
+            e.set_tier_report(&report, &plan.spec.busbw_factor)
+                .and_then(|()| e.footer(&footer))
+                .context("writing the export files")?;
         }
         let bw_ok = footer.bandwidth_ok().unwrap_or(true);
         let code = if passed && summary.out_of_bounds == 0 && bw_ok {
@@ -797,28 +838,11 @@ fn conclude(
     (report, passed)
 }
 
-/// `--export-json`: {header, rows, tiers}, written to a temporary file beside the target and
-/// renamed over it, so a reader never sees half a report.
-fn write_json_export(
-    path: &Path,
-    header: &RunHeader,
-    rows: &[Row],
-    tiers: &TierReport,
-) -> Result<()> {
-    let doc = serde_json::json!({ "header": header, "rows": rows, "tiers": tiers });
-    let mut bytes = serde_json::to_vec_pretty(&doc)?;
-    bytes.push(b'\n');
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} names no file", path.display()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })?;
-    Ok(())
+/// The run failed: the export files keep what was measured, marked with the error.
+fn fail(exports: &mut Option<ExportSink>, error: &str) {
+    if let Some(e) = exports {
+        if let Err(io) = e.fail(error) {
+            eprintln!("busbw: error: {io}");
+        }
+    }
 }

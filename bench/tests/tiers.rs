@@ -54,14 +54,24 @@ fn local_job_reports_the_node_tier_and_exports_json() {
     )
     .unwrap();
     let out_json = tmp("local.json");
+    let out_junit = tmp("local.junit.xml");
+    let out_csv = tmp("local.csv");
+    let out_md = tmp("local.md");
     let out = busbw()
         .args([
             "tiers", "--np", "2", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2",
         ])
+        .args(["--min-busbw-tier", "node=0.000001"])
         .arg("--topology-file")
         .arg(&labels)
         .arg("--export-json")
         .arg(&out_json)
+        .arg("--export-junit")
+        .arg(&out_junit)
+        .arg("--export-csv")
+        .arg(&out_csv)
+        .arg("--export-markdown")
+        .arg(&out_md)
         .output()
         .unwrap();
     let stdout = text(&out.stdout);
@@ -77,9 +87,35 @@ fn local_job_reports_the_node_tier_and_exports_json() {
     assert!(footer < tiers && tiers < verdict, "{stdout}");
     assert!(stdout.contains("# node "), "{stdout}");
     let j = json(&out_json);
-    assert_eq!(j["header"]["program"], "all_reduce_perf");
+    // The run record every exporter reads, finished only once the tiers are in.
+    assert_eq!(j["schema"], "busbw-run");
+    assert_eq!(j["program"], "all_reduce_perf");
+    assert!(j["end_time"].is_string(), "{j}");
     assert_eq!(j["rows"].as_array().unwrap().len(), 2);
-    let t = &j["tiers"];
+    assert_eq!(
+        j["world"]["labels"][hostname()]["oci.oraclecloud.com/rdma.local_block_id"],
+        "lb1"
+    );
+    assert_eq!(j["tiers"]["tiers"][0]["name"], "node");
+    assert_eq!(j["tiers"]["tiers"][0]["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(j["tiers"]["tiers"][0]["verdict"]["pass"], true, "{j}");
+    assert_eq!(j["verdict"]["pass"], true, "{j}");
+    let junit = std::fs::read_to_string(&out_junit).unwrap();
+    assert!(junit.contains("name=\"tier node\""), "{junit}");
+    assert!(junit.contains("failures=\"0\""), "{junit}");
+    let csv = std::fs::read_to_string(&out_csv).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        5,
+        "header, two sizes x two placements: {csv}"
+    );
+    let md = std::fs::read_to_string(&out_md).unwrap();
+    assert!(
+        md.contains("### Tiers") && md.contains("Verdict: pass"),
+        "{md}"
+    );
+    // The full report rides along for tools that want every group and link.
+    let t = &j["tier_report"];
     assert_eq!(t["preset"], "oci");
     let tiers = t["tiers"].as_array().unwrap();
     let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();
@@ -183,7 +219,7 @@ fn labels_from_the_api_server_and_instance_metadata() {
         text(&out.stderr)
     );
     let j = json(&out_json);
-    let labels = &j["tiers"]["nodes"][0]["labels"];
+    let labels = &j["tier_report"]["nodes"][0]["labels"];
     // The API server's real value is kept; its placeholder is filled from the metadata.
     assert_eq!(
         labels["oci.oraclecloud.com/rdma.hpc_island_id"], "isl-k8s",
@@ -198,7 +234,7 @@ fn labels_from_the_api_server_and_instance_metadata() {
         "{j}"
     );
     assert!(
-        j["tiers"]["verdict"]["unknown_nodes"]
+        j["tier_report"]["verdict"]["unknown_nodes"]
             .as_array()
             .unwrap()
             .is_empty(),
@@ -482,7 +518,7 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     let report_text = stdout.find("# Topology tiers").map_or("", |i| &stdout[i..]);
     let _ = writeln!(std::io::stderr(), "{tag}: rank 0's report:\n{report_text}");
     let report = json(&out_json.with_extension("0.json"));
-    let tiers = report["tiers"]["tiers"].as_array().unwrap().clone();
+    let tiers = report["tier_report"]["tiers"].as_array().unwrap().clone();
     let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();
     assert_eq!(
         names,
@@ -529,7 +565,7 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     assert!(median("local_block") > median("network_block"), "{stdout}");
     assert!(median("network_block") > median("hpc_island"), "{stdout}");
     // The pairwise matrix: 28 pairs in 7 rounds.
-    let m = &report["tiers"]["matrix"];
+    let m = &report["tier_report"]["matrix"];
     assert_eq!(m["rounds"], 7);
     assert_eq!(m["links"].as_array().unwrap().len(), 28);
     // The text: tier table and verdict after the main table.
@@ -538,7 +574,7 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     let verdict = stdout.find("# Verdict: ").expect("verdict");
     assert!(footer < table && table < verdict, "{stdout}");
     drop(cluster);
-    (codes[0], stdout, report["tiers"].clone())
+    (codes[0], stdout, report["tier_report"].clone())
 }
 
 fn port(n: u16) -> u16 {

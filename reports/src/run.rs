@@ -47,6 +47,10 @@ pub struct RunRecord {
     pub pairwise: Option<PairwiseRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<VerdictRecord>,
+    /// Everything `busbw tiers` measured, group by group and link by link; `tiers`,
+    /// `pairwise` and `verdict` above are its summary in the shape every exporter reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_report: Option<crate::tiers::TierReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

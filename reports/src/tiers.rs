@@ -4,7 +4,9 @@
 //! The text goes after the main table as `#` comment lines, so parsers of the nccl-tests
 //! table (which skip comments) keep working on `busbw tiers` output.
 
+use crate::record::{PairwiseRecord, SlowLink, TierRecord, TiersRecord, VerdictRecord};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Everything `busbw tiers` measured and concluded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +127,154 @@ pub struct Verdict {
     /// Nodes with at least one unknown tier label.
     pub unknown_nodes: Vec<String>,
     pub notes: Vec<String>,
+}
+
+impl TierReport {
+    /// The run record's summary of the report: per tier the slowest group's figures per size
+    /// (what a tier guarantees), the link matrix with its slow links, and the verdict in one
+    /// line per finding. `busbw_factor(n)` is the collective's bus factor for `n` ranks, which
+    /// turns a group's busbw back into its algbw and time per operation.
+    pub fn records(
+        &self,
+        busbw_factor: &dyn Fn(usize) -> f64,
+    ) -> (TiersRecord, Option<PairwiseRecord>, VerdictRecord) {
+        let tiers = self
+            .tiers
+            .iter()
+            .map(|t| TierRecord {
+                name: t.tier.clone(),
+                collective: self.collective.clone(),
+                groups: t.groups,
+                link_rate_gbps: None,
+                rows: t
+                    .sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        // The slowest group's size decides the bus factor of the minimum.
+                        let ranks = t
+                            .group_results
+                            .iter()
+                            .filter(|g| g.busbw.get(i).is_some_and(|b| *b <= s.min))
+                            .map(|g| g.ranks)
+                            .next()
+                            .unwrap_or(t.ranks_min);
+                        let f = busbw_factor(ranks);
+                        let algbw = if f > 0.0 { s.min / f } else { s.min };
+                        let time_us = if algbw > 0.0 {
+                            s.size as f64 / (algbw * 1e3)
+                        } else {
+                            0.0
+                        };
+                        crate::record::TierRow {
+                            size: s.size,
+                            time_us,
+                            algbw,
+                            busbw: s.min,
+                        }
+                    })
+                    .collect(),
+                verdict: match (t.passed, t.threshold, t.sizes.last()) {
+                    (Some(pass), Some(th), Some(last)) => Some(VerdictRecord {
+                        pass,
+                        reason: format!(
+                            "slowest group {} GB/s at {} B {} 0.9 x --min-busbw-tier {}={th}",
+                            gbs(last.min),
+                            last.size,
+                            if pass { ">=" } else { "<" },
+                            t.tier
+                        ),
+                    }),
+                    _ => None,
+                },
+            })
+            .collect();
+        let pairwise = self.matrix.as_ref().map(|m| {
+            let index = |name: &str| m.nodes.iter().position(|n| n == name);
+            PairwiseRecord {
+                nodes: m.nodes.clone(),
+                size: m.size,
+                busbw: m.busbw.clone(),
+                slow: m
+                    .links
+                    .iter()
+                    .filter(|l| l.slow)
+                    .filter_map(|l| {
+                        Some(SlowLink {
+                            a: index(&l.a)?,
+                            b: index(&l.b)?,
+                            reason: format!(
+                                "{} GB/s, expected {} GB/s (tier {})",
+                                gbs(l.busbw),
+                                gbs(l.expected),
+                                l.tier
+                            ),
+                        })
+                    })
+                    .collect(),
+            }
+        });
+        let findings = verdict_lines(&self.verdict);
+        let verdict = VerdictRecord {
+            pass: self.verdict.passed,
+            reason: findings.join("; "),
+        };
+        (TiersRecord { tiers }, pairwise, verdict)
+    }
+
+    /// Topology labels by node name, for the run record's world.
+    pub fn labels(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.labels.is_empty())
+            .map(|n| (n.name.clone(), n.labels.clone()))
+            .collect()
+    }
+}
+
+/// One line per finding of the verdict, without the comment prefix.
+fn verdict_lines(v: &Verdict) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in &v.suspect_nodes {
+        out.push(format!(
+            "suspect node {}: {} of {} links slow, median {} GB/s, expected {} GB/s",
+            s.node,
+            s.slow_links,
+            s.links,
+            gbs(s.measured),
+            gbs(s.expected)
+        ));
+    }
+    for l in &v.slow_links {
+        out.push(format!(
+            "slow link {} - {} (tier {}): {} GB/s, expected {} GB/s",
+            l.a,
+            l.b,
+            l.tier,
+            gbs(l.busbw),
+            gbs(l.expected)
+        ));
+    }
+    for f in &v.failed_tiers {
+        out.push(format!(
+            "tier {} below its threshold: {} GB/s, --min-busbw-tier {}={} (10% slack)",
+            f.tier,
+            gbs(f.measured),
+            f.tier,
+            f.threshold
+        ));
+    }
+    if !v.unknown_nodes.is_empty() {
+        out.push(format!(
+            "topology unknown (missing or placeholder labels) on: {}",
+            v.unknown_nodes.join(", ")
+        ));
+    }
+    out.extend(v.notes.iter().cloned());
+    if v.passed && v.suspect_nodes.is_empty() && v.slow_links.is_empty() {
+        out.push("no suspect node, no slow link".into());
+    }
+    out
 }
 
 /// GB/s with 4 significant digits, small values included (a shaped test link is 0.0125).
@@ -276,47 +426,7 @@ pub fn tier_lines(r: &TierReport) -> Vec<String> {
         "# Verdict: {}",
         if v.passed { "PASS" } else { "FAIL" }
     ));
-    for s in &v.suspect_nodes {
-        out.push(format!(
-            "#   suspect node {}: {} of {} links slow, median {} GB/s, expected {} GB/s",
-            s.node,
-            s.slow_links,
-            s.links,
-            gbs(s.measured),
-            gbs(s.expected)
-        ));
-    }
-    for l in &v.slow_links {
-        out.push(format!(
-            "#   slow link {} - {} (tier {}): {} GB/s, expected {} GB/s",
-            l.a,
-            l.b,
-            l.tier,
-            gbs(l.busbw),
-            gbs(l.expected)
-        ));
-    }
-    for f in &v.failed_tiers {
-        out.push(format!(
-            "#   tier {} below its threshold: {} GB/s, --min-busbw-tier {}={} (10% slack)",
-            f.tier,
-            gbs(f.measured),
-            f.tier,
-            f.threshold
-        ));
-    }
-    if !v.unknown_nodes.is_empty() {
-        out.push(format!(
-            "#   topology unknown (missing or placeholder labels) on: {}",
-            v.unknown_nodes.join(", ")
-        ));
-    }
-    for n in &v.notes {
-        out.push(format!("#   {n}"));
-    }
-    if v.passed && v.suspect_nodes.is_empty() && v.slow_links.is_empty() {
-        out.push("#   no suspect node, no slow link".into());
-    }
+    out.extend(verdict_lines(v).into_iter().map(|l| format!("#   {l}")));
     out
 }
 
@@ -412,6 +522,49 @@ mod tests {
                 notes: vec![],
             },
         }
+    }
+
+    #[test]
+    fn records_summarise_the_report_for_the_exporters() {
+        let factor = |n: usize| 2.0 * (n as f64 - 1.0) / n as f64;
+        let r = sample();
+        let (tiers, pairwise, verdict) = r.records(&factor);
+        let names: Vec<&str> = tiers.tiers.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["node", "local_block"]);
+        assert!(tiers.tiers[0].rows.is_empty() && tiers.tiers[0].verdict.is_none());
+        let lb = &tiers.tiers[1];
+        assert_eq!((lb.groups, lb.collective.as_str()), (1, "all_reduce_perf"));
+        let row = lb.rows[0];
+        // The slowest group has 2 ranks: factor 1, so algbw = busbw; time from the size.
+        assert_eq!((row.size, row.busbw, row.algbw), (1048576, 0.0241, 0.0241));
+        assert!((row.time_us - 1048576.0 / (0.0241 * 1e3)).abs() < 1e-6);
+        let v = lb.verdict.as_ref().unwrap();
+        assert!(
+            v.pass && v.reason.contains("--min-busbw-tier local_block=0.02"),
+            "{}",
+            v.reason
+        );
+        let p = pairwise.unwrap();
+        assert_eq!(p.nodes, ["node0", "node1", "node2"]);
+        assert_eq!(p.slow.len(), 1);
+        assert_eq!((p.slow[0].a, p.slow[0].b), (0, 1));
+        assert!(
+            p.slow[0].reason.contains("expected 0.02500 GB/s"),
+            "{}",
+            p.slow[0].reason
+        );
+        assert!(!verdict.pass);
+        assert!(
+            verdict
+                .reason
+                .starts_with("suspect node node1: 2 of 2 links slow"),
+            "{}",
+            verdict.reason
+        );
+        assert!(verdict
+            .reason
+            .contains("tier local_block below its threshold"));
+        assert_eq!(r.labels()["node0"]["k"], "v");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod prometheus;
 pub mod push;
 
 use crate::clock;
-use crate::record::{Cell, Footer, PairwiseRecord, Row, RunHeader, TiersRecord, VerdictRecord};
+use crate::record::{Cell, Footer, Row, RunHeader};
 use crate::run::{CellDetail, Measured, RowRecord, RunRecord, SummaryRecord};
 use crate::Sink;
 use std::io;
@@ -122,19 +122,19 @@ impl ExportSink {
         Ok(())
     }
 
-    /// Tier results of the run (`busbw tiers`).
-    pub fn set_tiers(&mut self, tiers: TiersRecord) -> io::Result<()> {
+    /// Everything `busbw tiers` concluded: its summary for the exporters, the full report,
+    /// and the nodes' topology labels in the world. Written at once, like a row.
+    pub fn set_tier_report(
+        &mut self,
+        report: &crate::tiers::TierReport,
+        busbw_factor: &dyn Fn(usize) -> f64,
+    ) -> io::Result<()> {
+        let (tiers, pairwise, verdict) = report.records(busbw_factor);
         self.run.tiers = Some(tiers);
-        self.flush()
-    }
-
-    pub fn set_pairwise(&mut self, p: PairwiseRecord) -> io::Result<()> {
-        self.run.pairwise = Some(p);
-        self.flush()
-    }
-
-    pub fn set_verdict(&mut self, v: VerdictRecord) -> io::Result<()> {
-        self.run.verdict = Some(v);
+        self.run.pairwise = pairwise;
+        self.run.verdict = Some(verdict);
+        self.run.world.labels.extend(report.labels());
+        self.run.tier_report = Some(report.clone());
         self.flush()
     }
 

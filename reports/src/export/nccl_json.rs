@@ -469,6 +469,7 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
         tiers: None,
         pairwise: None,
         verdict: None,
+        tier_report: None,
     })
 }
 

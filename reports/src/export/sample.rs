@@ -129,6 +129,7 @@ pub fn run() -> RunRecord {
         tiers: None,
         pairwise: None,
         verdict: None,
+        tier_report: None,
     }
 }
 
