@@ -263,6 +263,30 @@ impl<W: Write> Sink for Outputs<W> {
     }
 }
 
+/// Rank 0: the export files a run's report flags ask for, opened with what is known before
+/// the first row (warnings about the flags said once).
+pub fn for_run<W: Write>(
+    report: &ReportArgs,
+    plan: &Plan,
+    session: &crate::session::Session,
+    table: &mut TextTable<W>,
+) -> anyhow::Result<Option<ExportSink>> {
+    use anyhow::Context;
+    let req = requested(report).map_err(anyhow::Error::msg)?;
+    for w in &req.warnings {
+        eprintln!("busbw: warning: {w}");
+    }
+    let record = start_record(
+        plan,
+        session.comm.size(),
+        &session.devices,
+        &session.transport_name,
+        report.link_rate,
+    );
+    let algo = plan.spec.algos.then(|| plan.algo.name().to_string());
+    open(req, record, algo, table).context("opening the export files")
+}
+
 /// Reserves the `-J` file (announcing it on stdout as nccl-tests does) and opens every target.
 pub fn open<W: Write>(
     req: Requested,

@@ -9,7 +9,7 @@ use crate::plan::Plan;
 use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
@@ -373,20 +373,7 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs) -> Result<i32> {
         exports: None,
     };
     if rank0 {
-        let req = exports::requested(&args.report).map_err(anyhow::Error::msg)?;
-        for w in &req.warnings {
-            eprintln!("busbw: warning: {w}");
-        }
-        let record = exports::start_record(
-            plan,
-            session.comm.size(),
-            &session.devices,
-            &session.transport_name,
-            args.report.link_rate,
-        );
-        let algo = plan.spec.algos.then(|| plan.algo.name().to_string());
-        table.exports = exports::open(req, record, algo, &mut table.table)
-            .context("opening the export files")?;
+        table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
     let header = run_header(session, plan);
     if rank0 {

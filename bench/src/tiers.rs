@@ -297,20 +297,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     let mut table = TextTable::new(std::io::stdout().lock());
     let mut exports = None;
     if rank0 {
-        let req = exports::requested(&opts.report).map_err(anyhow::Error::msg)?;
-        for w in &req.warnings {
-            eprintln!("busbw: warning: {w}");
-        }
-        let record = exports::start_record(
-            plan,
-            size,
-            &session.devices,
-            &session.transport_name,
-            opts.report.link_rate,
-        );
-        let algo = plan.spec.algos.then(|| plan.algo.name().to_string());
-        exports =
-            exports::open(req, record, algo, &mut table).context("opening the export files")?;
+        exports = exports::for_run(&opts.report, plan, session, &mut table)?;
     }
     let header = perf::run_header(session, plan);
     let mut out = WorldSink {
