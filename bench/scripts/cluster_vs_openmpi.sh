@@ -21,6 +21,9 @@
 #                                       [--sizes "8 32M"] [--rt] [--no-build]
 #                                       [-- extra busbw flags]
 #
+# busbw runs --algo auto (BUSBW_ALGO to change it): like OpenMPI's tuned AllReduce, which uses
+# recursive doubling for short messages and a ring for long ones, it picks per size.
+#
 # --rt runs every process under SCHED_FIFO priority 1 (chrt -f 1), so builds and other jobs
 # on a shared machine stay out of both measurements alike. BUSBW=/path/to/busbw skips the
 # build. Needs root, Debian's OpenMPI (openmpi-bin libopenmpi-dev) and iperf3.
@@ -35,6 +38,7 @@ PAIRS=3
 SIZES="8 32M"
 BUILD=1
 RT=()
+ALGO=${BUSBW_ALGO:-auto}
 EXTRA=()
 while (($#)); do
     case $1 in
@@ -129,7 +133,7 @@ run_busbw() { # bytes iters warmup -> "time_us"
     for ((i = 0; i < NODES; i++)); do
         RANK=$i WORLD_SIZE=$NODES LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=node0 \
             MASTER_PORT=$PORT node "$i" "${RT[@]}" "$BIN" all_reduce_perf -b "$b" -e "$b" \
-            -n "$2" -w "$3" -c 0 -a 3 -T 120 "${EXTRA[@]}" >"$WORK/b.$i" 2>&1 &
+            -n "$2" -w "$3" -c 0 -a 3 -T 120 --algo "$ALGO" "${EXTRA[@]}" >"$WORK/b.$i" 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -146,7 +150,7 @@ run_peer() { # bytes iters warmup -> "time_us"
 }
 
 echo "# busbw: $("$BIN" --version) ; openmpi: $(mpirun --version 2>/dev/null | head -1)"
-echo "# $NODES nodes x 1 rank, links shaped to $RATE (tbf both ways), MTU $MTU; pairs $PAIRS (busbw first); iperf3 goodput $IPERF Mbit/s${RT:+; both under ${RT[*]}}"
+echo "# $NODES nodes x 1 rank, links shaped to $RATE (tbf both ways), MTU $MTU; busbw --algo $ALGO; pairs $PAIRS (busbw first); iperf3 goodput $IPERF Mbit/s${RT:+; both under ${RT[*]}}"
 printf "# %12s %12s %12s %10s %10s %8s %14s %10s\n" size busbw_us openmpi_us busbw_GBs ompi_GBs ratio "ratio_spread" "/iperf3"
 for s in $SIZES; do
     b=$(bytes "$s")
