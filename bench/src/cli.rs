@@ -64,6 +64,8 @@ pub enum Command {
     Tiers(Box<TiersArgs>),
     #[command(flatten)]
     Tools(crate::cli_report::ToolCommand),
+    /// Kubernetes manifests of the gang job, its RBAC and the nightly (docs/kubernetes.md).
+    K8s(crate::k8s::K8sArgs),
     /// RDMA devices, ports, link layers, MTUs and GID tables, the GID and rail busbw would
     /// use, and what to fix. Exits 0 when a port is usable, 1 when none is.
     Doctor(DoctorArgs),
@@ -98,6 +100,7 @@ impl Command {
             Command::Tiers(_) => "tiers",
             Command::Tools(_) => "busbw",
             Command::Doctor(_) => "doctor",
+            Command::K8s(_) => "k8s",
         }
     }
     /// The perf flags; `None` for `doctor` and the tools that read saved runs.
@@ -114,7 +117,7 @@ impl Command {
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
             Command::Tiers(t) => &t.perf,
-            Command::Tools(_) | Command::Doctor(_) => return None,
+            Command::Tools(_) | Command::Doctor(_) | Command::K8s(_) => return None,
         })
     }
 }
