@@ -361,6 +361,21 @@ pub struct TiersArgs {
     /// A link is slow when more than this fraction (and 3 MADs) below its tier's median.
     #[arg(long = "slow-fraction", default_value_t = 0.25)]
     pub slow_fraction: f64,
+    /// The gate before training: after the verdict, rank 0 sets label KEY=VALUE on the
+    /// Kubernetes nodes that passed and removes KEY from the nodes the verdict names (JSON
+    /// merge patch through the API server; RBAC: patch nodes). Each pod's node is NODE_NAME.
+    #[arg(long = "label-nodes", value_name = "KEY=VALUE")]
+    pub label_nodes: Option<String>,
+    /// Print the node patches of --label-nodes instead of sending them.
+    #[arg(long = "label-nodes-dry-run", requires = "label_nodes")]
+    pub label_nodes_dry_run: bool,
+    /// Service-account directory (token, ca.crt) for the API server.
+    #[arg(
+        long = "k8s-service-account-dir",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount",
+        hide = true
+    )]
+    pub service_account_dir: std::path::PathBuf,
 }
 
 #[cfg(test)]

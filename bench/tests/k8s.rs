@@ -576,3 +576,203 @@ fn dashboard_queries_exported_metrics() {
     }
     assert!(metrics >= 10);
 }
+
+// ---------------------------------------------------------------------------------------
+// busbw tiers --label-nodes against a stand-in for the API server.
+
+/// One request as the stand-in saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An API server stand-in on 127.0.0.1 answering every request with `status` and `body`;
+/// the requests come back through the channel.
+fn api_stand_in(status: u16, body: &'static str) -> (String, std::sync::mpsc::Receiver<Seen>) {
+    use std::io::{BufRead, BufReader, Read};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut first = String::new();
+            if r.read_line(&mut first).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut headers = Vec::new();
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = line.trim_end().split_once(':') {
+                    headers.push((k.trim().to_string(), v.trim().to_string()));
+                }
+            }
+            let len = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut b = vec![0; len];
+            let _ = r.read_exact(&mut b);
+            let mut parts = first.split_whitespace();
+            let _ = tx.send(Seen {
+                method: parts.next().unwrap_or("").into(),
+                path: parts.next().unwrap_or("").into(),
+                headers,
+                body: text(&b),
+            });
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (base, rx)
+}
+
+fn tiers_with_labels(url: &str, extra: &[&str]) -> Output {
+    let sa = tmp("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), "test-token\n").unwrap();
+    let mut c = Command::new(BUSBW);
+    c.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        c.env("PATH", path);
+    }
+    c.env("NODE_NAME", "node-a")
+        .args([
+            "tiers", "--np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0",
+        ])
+        .args(["--topology-k8s-url", url])
+        .arg("--k8s-service-account-dir")
+        .arg(&sa)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+const PASSED: &str = r#"{"metadata":{"labels":{"busbw.dev/fabric-ok":"true"}}}"#;
+const REMOVED: &str = r#"{"metadata":{"labels":{"busbw.dev/fabric-ok":null}}}"#;
+
+#[test]
+fn label_nodes_labels_the_nodes_that_passed() {
+    let (url, rx) = api_stand_in(200, r#"{"kind":"Node"}"#);
+    let out = tiers_with_labels(&url, &["--label-nodes", "busbw.dev/fabric-ok=true"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let seen: Vec<Seen> = rx.try_iter().collect();
+    assert_eq!(seen.len(), 1, "one node, one patch: {seen:?}");
+    let p = &seen[0];
+    assert_eq!(
+        (p.method.as_str(), p.path.as_str()),
+        ("PATCH", "/api/v1/nodes/node-a")
+    );
+    assert_eq!(
+        p.header("content-type"),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(p.header("authorization"), Some("Bearer test-token"));
+    assert_eq!(p.body, PASSED);
+    // After the verdict, in the report.
+    let verdict = stdout.find("# Verdict: PASS").expect("verdict");
+    let labelled = stdout
+        .find("# label-nodes: labelled node node-a")
+        .expect(&stdout);
+    assert!(verdict < labelled, "{stdout}");
+}
+
+#[test]
+fn label_nodes_removes_the_label_when_the_run_fails() {
+    let (url, rx) = api_stand_in(200, "{}");
+    // An impossible gate: the run fails and names no node, so no node is shown to be good.
+    let out = tiers_with_labels(
+        &url,
+        &[
+            "--label-nodes",
+            "busbw.dev/fabric-ok=true",
+            "--min-busbw",
+            "1000000",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let seen: Vec<Seen> = rx.try_iter().collect();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].body, REMOVED);
+    assert!(text(&out.stdout).contains("# label-nodes: unlabelled node node-a"));
+}
+
+#[test]
+fn label_nodes_explains_a_forbidden_patch() {
+    let (url, rx) = api_stand_in(
+        403,
+        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"nodes \"node-a\" is forbidden: User \"system:serviceaccount:default:busbw\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope","reason":"Forbidden","code":403}"#,
+    );
+    let out = tiers_with_labels(&url, &["--label-nodes", "busbw.dev/fabric-ok=true"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}{err}", text(&out.stdout));
+    assert!(
+        err.contains("HTTP 403: the service account may not patch nodes"),
+        "{err}"
+    );
+    assert!(err.contains("busbw-node-labeler"), "{err}");
+    assert!(err.contains("cannot patch resource"), "{err}");
+    assert_eq!(rx.try_iter().count(), 1);
+    // The report was still printed.
+    assert!(text(&out.stdout).contains("# Verdict: PASS"));
+}
+
+#[test]
+fn label_nodes_dry_run_prints_the_patches_and_sends_nothing() {
+    let (url, rx) = api_stand_in(500, "should not be asked");
+    let out = tiers_with_labels(
+        &url,
+        &[
+            "--label-nodes",
+            "busbw.dev/fabric-ok=true",
+            "--label-nodes-dry-run",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains(&format!(
+            "# label-nodes (dry run): PATCH /api/v1/nodes/node-a {PASSED}"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(rx.try_iter().count(), 0);
+}
+
+#[test]
+fn label_nodes_refuses_a_bad_label() {
+    let out = tiers_with_labels("http://127.0.0.1:9", &["--label-nodes", "bad key=x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("is not a label key"),
+        "{}",
+        text(&out.stderr)
+    );
+}
