@@ -776,3 +776,331 @@ fn label_nodes_refuses_a_bad_label() {
         text(&out.stderr)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The rendered Volcano job's pods, run in a simulated cluster (bench/tests/simcluster.sh:
+// one network namespace per node) with the environment Volcano's plugins inject.
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn simcluster() -> String {
+    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Why the simulated cluster cannot run here, if it cannot.
+fn no_simcluster() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc_geteuid() };
+    if euid != 0 {
+        return Some(format!(
+            "needs root for network namespaces (euid is {euid})"
+        ));
+    }
+    let ok = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if !ok("ip", &["netns", "list"]) || !ok("unshare", &["--net", "--uts", "true"]) {
+        return Some("needs iproute2 and unshare --net --uts".into());
+    }
+    None
+}
+
+/// A pod as the Volcano controller would create it from the job.
+struct Pod {
+    name: String,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// Kubernetes' `$(VAR)` expansion of command and args (`$$` escapes).
+fn expand(s: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(a) = after.strip_prefix('$') {
+            out.push('$');
+            rest = a;
+        } else if let Some((name, tail)) = after
+            .strip_prefix('(')
+            .and_then(|a| a.split_once(')'))
+            .filter(|(n, _)| env.iter().any(|(k, _)| k == n))
+        {
+            out.push_str(&env.iter().find(|(k, _)| k == name).unwrap().1);
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The pods of a rendered Volcano Job, pod `i` on node `node<i>`, with what the env, svc and
+/// pytorch plugins add to each container (plugins/env, plugins/svc,
+/// plugins/distributed-framework/pytorch).
+fn volcano_pods(job: &Value) -> Vec<Pod> {
+    let name = job["metadata"]["name"].as_str().unwrap();
+    let spec = &job["spec"];
+    let plugins = spec["plugins"].as_object().unwrap();
+    let tasks = spec["tasks"].as_array().unwrap();
+    let hosts = |t: &Value| -> Vec<String> {
+        (0..t["replicas"].as_u64().unwrap())
+            .map(|i| format!("{name}-{}-{i}.{name}", t["name"].as_str().unwrap()))
+            .collect()
+    };
+    let world: u64 = tasks.iter().map(|t| t["replicas"].as_u64().unwrap()).sum();
+    let flag = |plugin: &str, f: &str, default: &str| -> String {
+        plugins[plugin]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str())
+                    .find_map(|v| v.strip_prefix(&format!("--{f}=")).map(str::to_string))
+            })
+            .unwrap_or_else(|| default.into())
+    };
+    let mut pods = Vec::new();
+    for t in tasks {
+        let tname = t["name"].as_str().unwrap();
+        for i in 0..t["replicas"].as_u64().unwrap() {
+            let pod = format!("{name}-{tname}-{i}");
+            let node = format!("node{}", pods.len());
+            let c = &t["template"]["spec"]["containers"][0];
+            let mut env: Vec<(String, String)> = Vec::new();
+            for e in c["env"].as_array().unwrap() {
+                let k = e["name"].as_str().unwrap().to_string();
+                let v = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                    Some("spec.nodeName") => node.clone(),
+                    Some("metadata.name") => pod.clone(),
+                    Some(other) => panic!("fieldRef {other} not simulated"),
+                    None => e["value"].as_str().unwrap().to_string(),
+                };
+                env.push((k, v));
+            }
+            if plugins.contains_key("env") {
+                env.push(("VK_TASK_INDEX".into(), i.to_string()));
+                env.push(("VC_TASK_INDEX".into(), i.to_string()));
+            }
+            if plugins.contains_key("svc") {
+                for u in tasks {
+                    let key = u["name"].as_str().unwrap().replace('-', "_").to_uppercase();
+                    env.push((format!("VC_{key}_HOSTS"), hosts(u).join(",")));
+                    env.push((format!("VC_{key}_NUM"), hosts(u).len().to_string()));
+                }
+            }
+            if plugins.contains_key("pytorch") {
+                let master = flag("pytorch", "master", "master");
+                let rank = if tname == master { i } else { i + 1 };
+                env.push(("MASTER_ADDR".into(), format!("{name}-{master}-0.{name}")));
+                env.push(("MASTER_PORT".into(), flag("pytorch", "port", "23456")));
+                env.push(("WORLD_SIZE".into(), world.to_string()));
+                env.push(("RANK".into(), rank.to_string()));
+            }
+            let argv: Vec<String> = c["command"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .chain(c["args"].as_array().unwrap())
+                .map(|a| expand(a.as_str().unwrap(), &env))
+                .collect();
+            pods.push(Pod {
+                name: pod,
+                argv,
+                env,
+            });
+        }
+    }
+    pods
+}
+
+/// Tears the simulated cluster down when dropped.
+struct SimCluster(String);
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .args([&simcluster(), "down", &self.0])
+            .output();
+    }
+}
+
+fn run_rendered_volcano_job(test: &str, tag: &str, extra: &[&str]) {
+    if let Some(why) = no_simcluster() {
+        skip(test, &why);
+        return;
+    }
+    let job_name = format!("g{tag}");
+    let mut args: Vec<String> = [
+        "--scheduler",
+        "volcano",
+        "--nodes",
+        "3",
+        "--gpus-per-node",
+        "2",
+        "--topology-source",
+        "env",
+        "--name",
+        &job_name,
+        "-o",
+        "json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "--",
+            "-b",
+            "64K",
+            "-e",
+            "256K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--pairwise-size",
+            "256K",
+            "--pairwise-iters",
+            "2",
+            "-T",
+            "60",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let out = render(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job = docs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "Job")
+        .expect("a Volcano Job")
+        .clone();
+    let pods = volcano_pods(&job);
+    assert_eq!(pods.len(), 3);
+
+    let cluster = format!("bw{}-{tag}", std::process::id());
+    let _ = Command::new("bash")
+        .args([&simcluster(), "down", &cluster])
+        .output();
+    let up = Command::new("bash")
+        .args([&simcluster(), "up", &cluster, "3"])
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "simcluster up: {}", text(&up.stderr));
+    let _guard = SimCluster(cluster.clone());
+    // The svc plugin's headless service: <pod>.<job> resolves to the pod's address.
+    let mut entries = String::new();
+    for (i, p) in pods.iter().enumerate() {
+        let addr = Command::new("bash")
+            .args([&simcluster(), "addr", &cluster, &i.to_string()])
+            .output()
+            .unwrap();
+        entries.push_str(&format!(
+            "{}\t{}.{job_name} {}\n",
+            text(&addr.stdout).trim(),
+            p.name,
+            p.name
+        ));
+    }
+    for i in 0..pods.len() {
+        let hosts = format!("/etc/netns/{cluster}-n{i}/hosts");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&hosts)
+            .unwrap();
+        f.write_all(entries.as_bytes()).unwrap();
+    }
+    // Each pod: its node's network, the pod's host name (Volcano sets hostname = pod name),
+    // exactly the container's environment.
+    let mut children: Vec<_> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut c = Command::new("bash");
+            c.args([&simcluster(), "exec", &cluster, &i.to_string()]);
+            c.args(["sh", "-c", "hostname \"$0\" && exec \"$@\"", &p.name]);
+            c.arg(BUSBW).args(&p.argv[1..]);
+            c.env_clear();
+            c.env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            );
+            c.envs(p.env.iter().map(|(k, v)| (k, v)));
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            assert_eq!(p.argv[0], "busbw");
+            c.spawn().unwrap()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if std::time::Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("the rendered Volcano job did not finish in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let all = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            format!(
+                "--- pod {i}: {:?}\n{}{}",
+                o.status,
+                text(&o.stdout),
+                text(&o.stderr)
+            )
+        })
+        .collect::<String>();
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{all}");
+    }
+    let rank0 = text(&outs[0].stdout);
+    // 3 pods x 2 ranks: the table's header lists 6 ranks, then the tiers and the verdict.
+    assert!(rank0.contains("#  Rank  5 "), "{all}");
+    assert!(rank0.contains("# Verdict: PASS"), "{all}");
+    assert!(
+        text(&outs[1].stdout).is_empty(),
+        "only rank 0 prints: {all}"
+    );
+}
+
+#[test]
+fn rendered_volcano_job_runs_with_the_env_and_svc_plugins() {
+    run_rendered_volcano_job(
+        "rendered_volcano_job_runs_with_the_env_and_svc_plugins",
+        "vc",
+        &[],
+    );
+}
+
+#[test]
+fn rendered_volcano_job_runs_with_the_pytorch_plugin() {
+    run_rendered_volcano_job(
+        "rendered_volcano_job_runs_with_the_pytorch_plugin",
+        "pt",
+        &["--pytorch"],
+    );
+}
