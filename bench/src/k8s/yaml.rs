@@ -316,7 +316,7 @@ items:
     value: 1
   # between
   - x
-  - - y
+  - - \"y\"
 none: []
 nothing: {}
 \"yes\": false
