@@ -1104,3 +1104,47 @@ fn rendered_volcano_job_runs_with_the_pytorch_plugin() {
         &["--pytorch"],
     );
 }
+
+/// The shell in k8s/ (scripts, and the nightly runner embedded in its ConfigMap) parses.
+#[test]
+fn shell_scripts_parse() {
+    let mut scripts = Vec::new();
+    files(&repo().join("k8s"), ".sh", &mut scripts);
+    assert!(scripts.len() >= 2, "{scripts:?}");
+    let out = render(
+        &[
+            "--scheduler",
+            "volcano",
+            "--nightly",
+            "--report-pvc",
+            "r",
+            "-o",
+            "json",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cm = docs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("the nightly ConfigMap");
+    let runner = tmp("run.sh");
+    std::fs::write(&runner, cm["data"]["run.sh"].as_str().unwrap()).unwrap();
+    assert!(cm["data"]["job.yaml"]
+        .as_str()
+        .unwrap()
+        .contains("name: busbw-nightly-@RUN@"));
+    scripts.push(runner);
+    for s in &scripts {
+        let out = Command::new("sh").arg("-n").arg(s).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            s.display(),
+            text(&out.stderr)
+        );
+    }
+}
