@@ -64,6 +64,8 @@ pub enum Command {
     Tiers(Box<TiersArgs>),
     #[command(flatten)]
     Tools(crate::cli_report::ToolCommand),
+    /// Kubernetes manifests of the gang job, its RBAC and the nightly (docs/kubernetes.md).
+    K8s(crate::k8s::K8sArgs),
     /// RDMA devices, ports, link layers, MTUs and GID tables, the GID and rail busbw would
     /// use, and what to fix. Exits 0 when a port is usable, 1 when none is.
     Doctor(DoctorArgs),
@@ -98,6 +100,7 @@ impl Command {
             Command::Tiers(_) => "tiers",
             Command::Tools(_) => "busbw",
             Command::Doctor(_) => "doctor",
+            Command::K8s(_) => "k8s",
         }
     }
     /// The perf flags; `None` for `doctor` and the tools that read saved runs.
@@ -114,7 +117,7 @@ impl Command {
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
             Command::Tiers(t) => &t.perf,
-            Command::Tools(_) | Command::Doctor(_) => return None,
+            Command::Tools(_) | Command::Doctor(_) | Command::K8s(_) => return None,
         })
     }
 }
@@ -374,6 +377,21 @@ pub struct TiersArgs {
     /// A link is slow when more than this fraction (and 3 MADs) below its tier's median.
     #[arg(long = "slow-fraction", default_value_t = 0.25)]
     pub slow_fraction: f64,
+    /// The gate before training: after the verdict, rank 0 sets label KEY=VALUE on the
+    /// Kubernetes nodes that passed and removes KEY from the nodes the verdict names (JSON
+    /// merge patch through the API server; RBAC: patch nodes). Each pod's node is NODE_NAME.
+    #[arg(long = "label-nodes", value_name = "KEY=VALUE")]
+    pub label_nodes: Option<String>,
+    /// Print the node patches of --label-nodes instead of sending them.
+    #[arg(long = "label-nodes-dry-run", requires = "label_nodes")]
+    pub label_nodes_dry_run: bool,
+    /// Service-account directory (token, ca.crt) for the API server.
+    #[arg(
+        long = "k8s-service-account-dir",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount",
+        hide = true
+    )]
+    pub service_account_dir: std::path::PathBuf,
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod doctor;
 mod exit;
 mod exports;
 mod harness;
+mod k8s;
 mod perf;
 mod plan;
 mod report_cmd;
@@ -27,6 +28,7 @@ fn main() {
     let code = match (&cli.command, specs::find(cli.command.program())) {
         (cli::Command::Tools(t), _) => report_cmd::main(t),
         (cli::Command::Doctor(d), _) => doctor::main(d),
+        (cli::Command::K8s(k), _) => k8s::main(k, &std::env::args().collect::<Vec<_>>()),
         (c, Some(spec)) => match c.args() {
             Some(args) => perf::main(spec, args),
             None => exit::INTERNAL,

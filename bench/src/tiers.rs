@@ -8,6 +8,7 @@
 //! matrix and a verdict from robust statistics over the links.
 
 mod analysis;
+mod gate;
 mod schedule;
 mod subcomm;
 
@@ -23,8 +24,8 @@ use anyhow::{Context, Result};
 use busbw_collectives::ReduceOp;
 use busbw_collectives::{all_reduce_values, barrier, sendrecv, Data, DataType, HostBuffer};
 use busbw_launchers::topology::{
-    exchange_labels, gather, publish_labels, Labels, Meet, NodeLabels, Preset, Source,
-    SourceConfig, TierModel,
+    exchange_labels, gather, node_labels::NodeLabel, publish_labels, Labels, Meet, NodeLabels,
+    Preset, Source, SourceConfig, TierModel,
 };
 use busbw_launchers::{MemoryStore, Store, World};
 use busbw_reports::export::ExportSink;
@@ -34,6 +35,7 @@ use busbw_reports::tiers::{
 use busbw_reports::{Footer, Measured, Row, RunHeader, Sink, TextTable};
 use schedule::Group;
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,6 +52,8 @@ struct Options {
     slow_fraction: f64,
     /// The report flags: the same exporters as a `*_perf` run, with the tiers in the record.
     report: ReportArgs,
+    /// --label-nodes and whether it is a dry run.
+    label_nodes: Option<(NodeLabel, bool)>,
     join: JoinOptions,
     verbose: bool,
 }
@@ -100,6 +104,10 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
     if t.pairwise_size < 4 {
         return Err("--pairwise-size must be at least 4 bytes".into());
     }
+    let label_nodes = match &t.label_nodes {
+        Some(kv) => Some((kv.parse::<NodeLabel>()?, t.label_nodes_dry_run)),
+        None => None,
+    };
     Ok(Options {
         preset,
         sources: SourceConfig {
@@ -107,8 +115,10 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
             file: t.file.clone(),
             k8s_url: t.k8s_url.clone(),
             imds_url: t.imds_url.clone(),
+            service_account_dir: t.service_account_dir.clone(),
             ..SourceConfig::default()
         },
+        label_nodes,
         node_name: t.node_name.clone().filter(|n| !n.trim().is_empty()),
         pairwise_size: t.pairwise_size,
         pairwise_iters: t.pairwise_iters,
@@ -220,6 +230,9 @@ fn nodes(of_rank: &[usize], published: &[NodeLabels]) -> Nodes {
     }
 }
 
+/// Store key prefix of each rank's Kubernetes node name (for --label-nodes).
+const NODE_NAME_KEY: &str = "tiers/k8s-node";
+
 /// What one group measured, as its first member publishes it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct GroupRun {
@@ -265,6 +278,9 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         host: world.hostname.clone(),
         labels: got.labels,
     };
+    if opts.label_nodes.is_some() {
+        store.set(&format!("{NODE_NAME_KEY}/{rank}"), node_name.as_bytes())?;
+    }
     let published = exchange_labels(&*store, rank, size, &mine, plan.timeout)
         .context("exchanging topology labels")?;
     let nodes = nodes(session.comm.nodes(), &published);
@@ -487,11 +503,41 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
                 .context("writing the export files")?;
         }
         let bw_ok = footer.bandwidth_ok().unwrap_or(true);
-        let code = if passed && summary.out_of_bounds == 0 && bw_ok {
+        let run_ok = summary.out_of_bounds == 0 && bw_ok && wrong_total == 0;
+        let mut code = if passed && run_ok {
             exit::OK
         } else {
             exit::WRONG_RESULTS
         };
+        if let Some((label, dry_run)) = &opts.label_nodes {
+            let keys: Vec<String> = (0..size).map(|r| format!("{NODE_NAME_KEY}/{r}")).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let names = store
+                .wait(&keys, plan.timeout)
+                .context("collecting every rank's node name for --label-nodes")?;
+            let hosts: Vec<(String, String)> = (0..size)
+                .map(|r| {
+                    (
+                        nodes.names[nodes.of_rank[r]].clone(),
+                        String::from_utf8_lossy(&names[r]).into_owned(),
+                    )
+                })
+                .collect();
+            let patches = gate::plan(label, &report, run_ok, &hosts);
+            match gate::apply(&patches, *dry_run, &opts.sources) {
+                Ok(lines) => {
+                    let mut out = std::io::stdout().lock();
+                    for l in lines {
+                        writeln!(out, "{l}")?;
+                    }
+                    out.flush()?;
+                }
+                Err(e) => {
+                    eprintln!("busbw: error: --label-nodes: {e}");
+                    code = exit::INTERNAL;
+                }
+            }
+        }
         store.set("tiers/exit", code.to_string().as_bytes())?;
         code
     } else {

@@ -1,5 +1,6 @@
-//! A minimal HTTP/1.1 GET over std's TcpStream, for the two label sources that ask a local
-//! service (instance metadata; the Kubernetes API through `kubectl proxy` or a test stand-in).
+//! A minimal HTTP/1.1 client over std's TcpStream, for the two label sources that ask a local
+//! service (instance metadata; the Kubernetes API through `kubectl proxy` or a test stand-in)
+//! and for the node labels `busbw tiers --label-nodes` writes (PATCH).
 //! HTTPS goes through `curl` (see [`get`]): a TLS stack in the default build would need a C
 //! toolchain or pull a large dependency tree for one request per rank.
 
@@ -28,18 +29,44 @@ pub fn get(
     ca_file: Option<&Path>,
     timeout: Duration,
 ) -> Result<Response, String> {
+    request("GET", url, headers, None, ca_file, timeout)
+}
+
+/// A request body and its media type.
+pub struct Body<'a> {
+    pub content_type: &'a str,
+    pub bytes: &'a [u8],
+}
+
+/// `method` on `url`, as [`get`] does it, with an optional body.
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Body>,
+    ca_file: Option<&Path>,
+    timeout: Duration,
+) -> Result<Response, String> {
     if let Some(rest) = url.strip_prefix("http://") {
-        return get_plain(rest, headers, timeout).map_err(|e| format!("GET {url}: {e}"));
+        return request_plain(method, rest, headers, body, timeout)
+            .map_err(|e| format!("{method} {url}: {e}"));
     }
     if url.starts_with("https://") {
-        return get_curl(url, headers, ca_file, timeout).map_err(|e| format!("GET {url}: {e}"));
+        return request_curl(method, url, headers, body, ca_file, timeout)
+            .map_err(|e| format!("{method} {url}: {e}"));
     }
     Err(format!(
-        "GET {url}: only http:// and https:// URLs are supported"
+        "{method} {url}: only http:// and https:// URLs are supported"
     ))
 }
 
-fn get_plain(rest: &str, headers: &[(&str, &str)], timeout: Duration) -> Result<Response, String> {
+fn request_plain(
+    method: &str,
+    rest: &str,
+    headers: &[(&str, &str)],
+    body: Option<Body>,
+    timeout: Duration,
+) -> Result<Response, String> {
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -84,15 +111,25 @@ fn get_plain(rest: &str, headers: &[(&str, &str)], timeout: Duration) -> Result<
     s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(left)).map_err(|e| e.to_string())?;
     let mut req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json\r\n\
          User-Agent: busbw\r\nConnection: close\r\n"
     );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
+    if let Some(b) = &body {
+        req.push_str(&format!(
+            "Content-Type: {}\r\nContent-Length: {}\r\n",
+            b.content_type,
+            b.bytes.len()
+        ));
+    }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes())
-        .map_err(|e| format!("sending: {e}"))?;
+    let mut bytes = req.into_bytes();
+    if let Some(b) = &body {
+        bytes.extend_from_slice(b.bytes);
+    }
+    s.write_all(&bytes).map_err(|e| format!("sending: {e}"))?;
     let mut raw = Vec::new();
     s.take(MAX_BODY as u64 + 64 * 1024)
         .read_to_end(&mut raw)
@@ -180,19 +217,31 @@ fn quoted(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-fn get_curl(
+fn request_curl(
+    method: &str,
     url: &str,
     headers: &[(&str, &str)],
+    body: Option<Body>,
     ca_file: Option<&Path>,
     timeout: Duration,
 ) -> Result<Response, String> {
     let mut cfg = format!(
-        "url = {}\nsilent\nshow-error\nmax-time = {}\nwrite-out = \"\\n%{{http_code}}\"\n",
+        "url = {}\nrequest = {}\nsilent\nshow-error\nmax-time = {}\nwrite-out = \"\\n%{{http_code}}\"\n",
         quoted(url),
+        quoted(method),
         timeout.as_secs().max(1)
     );
     for (k, v) in headers {
         cfg.push_str(&format!("header = {}\n", quoted(&format!("{k}: {v}"))));
+    }
+    if let Some(b) = &body {
+        let text = std::str::from_utf8(b.bytes)
+            .map_err(|_| "curl is given text bodies only".to_string())?;
+        cfg.push_str(&format!(
+            "header = {}\ndata-binary = {}\n",
+            quoted(&format!("Content-Type: {}", b.content_type)),
+            quoted(text)
+        ));
     }
     if let Some(ca) = ca_file {
         cfg.push_str(&format!("cacert = {}\n", quoted(&ca.to_string_lossy())));
@@ -251,6 +300,60 @@ mod tests {
         assert_eq!((r.status, r.body.as_slice()), (404, &b"nope"[..]));
         assert!(parse_response(b"SSH-2.0\r\n\r\n").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
+    }
+
+    /// The https path's curl configuration, exercised over plain http (curl speaks both).
+    #[test]
+    fn curl_sends_method_headers_and_body() {
+        use std::io::{BufRead, BufReader};
+        if Command::new("curl").arg("--version").output().is_err() {
+            eprintln!("skipping curl_sends_method_headers_and_body: curl is not installed");
+            return;
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/api/v1/nodes/n1", l.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut head = Vec::new();
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push(line.trim_end().to_string());
+            }
+            let mut body = vec![0; 15];
+            r.read_exact(&mut body).unwrap();
+            s.write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+                .unwrap();
+            (head, body)
+        });
+        let body = Body {
+            content_type: "application/merge-patch+json",
+            bytes: br#"{"a":"q\"uote"}"#,
+        };
+        let r = request_curl(
+            "PATCH",
+            &url,
+            &[("Authorization", "Bearer t")],
+            Some(body),
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (201, &b"ok"[..]));
+        let (head, body) = server.join().unwrap();
+        assert_eq!(head[0], "PATCH /api/v1/nodes/n1 HTTP/1.1");
+        assert!(
+            head.contains(&"Authorization: Bearer t".to_string()),
+            "{head:?}"
+        );
+        assert!(
+            head.contains(&"Content-Type: application/merge-patch+json".to_string()),
+            "{head:?}"
+        );
+        assert_eq!(body, br#"{"a":"q\"uote"}"#);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod http;
 pub mod hypernodes;
 pub mod model;
+pub mod node_labels;
 pub mod presets;
 pub mod sources;
 

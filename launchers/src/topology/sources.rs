@@ -350,7 +350,7 @@ fn from_file(path: &Path, node: &str, so_far: &Labels) -> Result<(Labels, String
     })
 }
 
-fn k8s_base(
+pub(crate) fn k8s_base(
     cfg: &SourceConfig,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, SourceError> {
@@ -373,7 +373,7 @@ fn k8s_base(
 }
 
 /// Percent-encoding for a path segment (node names are DNS names, but be safe).
-fn path_segment(s: &str) -> String {
+pub(crate) fn path_segment(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -387,12 +387,22 @@ fn path_segment(s: &str) -> String {
 
 /// GET `url` with the service-account token (if there is one) and its CA.
 fn k8s_get(cfg: &SourceConfig, url: &str) -> Result<http::Response, SourceError> {
+    k8s_request(cfg, "GET", url, None).map_err(|e| err("k8s", e))
+}
+
+/// `method` on `url` with the service-account token (if there is one) and its CA.
+pub(crate) fn k8s_request(
+    cfg: &SourceConfig,
+    method: &str,
+    url: &str,
+    body: Option<http::Body>,
+) -> Result<http::Response, String> {
     let token = std::fs::read_to_string(cfg.service_account_dir.join("token")).ok();
     let auth = token.as_ref().map(|t| format!("Bearer {}", t.trim()));
     let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
     let ca = cfg.service_account_dir.join("ca.crt");
     let ca = ca.exists().then_some(ca.as_path());
-    http::get(url, &headers, ca, cfg.timeout).map_err(|e| err("k8s", e))
+    http::request(method, url, &headers, body, ca, cfg.timeout)
 }
 
 /// GET /api/v1/nodes/<node> with the service-account token, if there is one.
