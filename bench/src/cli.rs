@@ -230,9 +230,11 @@ pub struct PerfArgs {
     /// Threads per process (nccl-tests compatibility; only 1 is supported).
     #[arg(short = 't', long = "nthreads", default_value_t = 1)]
     pub nthreads: u32,
-    /// GPUs per thread (nccl-tests compatibility; only 1 is supported).
-    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
-    pub ngpus: u32,
+    /// GPUs per process: 1 puts this rank's buffers on a CUDA device (build feature `cuda`;
+    /// device chosen as nccl-tests does: NCCL_TESTS_DEVICE, else local rank; see
+    /// docs/cuda.md). Not given or 0: host memory.
+    #[arg(short = 'g', long = "ngpus", visible_alias = "gpus")]
+    pub ngpus: Option<u32>,
     /// Root rank of broadcast, reduce, scatter and gather; -1 loops over every rank.
     #[arg(
         short = 'r',

@@ -6,6 +6,7 @@ mod cli_report;
 mod doctor;
 mod exit;
 mod exports;
+mod gpu;
 mod harness;
 mod perf;
 mod plan;
