@@ -52,6 +52,87 @@ impl GpuLine {
 #[cfg(feature = "cuda")]
 pub use imp::DeviceMem;
 
+/// `busbw gpu-bench`: exit 0, 2 (no CUDA in the build or on the host) or 1 (a CUDA error).
+pub fn bench_main(a: &crate::cli::GpuBenchArgs) -> i32 {
+    use crate::cli::Choice;
+    use busbw_collectives::{DataType, ReduceOp};
+    if !cfg!(feature = "cuda") {
+        eprintln!("busbw: error: {NO_CUDA_BUILD}");
+        return crate::exit::USAGE;
+    }
+    if let Err(e) = busbw_collectives::cuda::probe() {
+        eprintln!("busbw: error: {e}");
+        return crate::exit::USAGE;
+    }
+    let dtypes = match &a.dtype {
+        Choice::All => DataType::ALL.to_vec(),
+        Choice::One(d) => vec![*d],
+    };
+    let op = match &a.op {
+        Choice::All => ReduceOp::Sum,
+        Choice::One(o) => *o,
+    };
+    match kernel_bench(a.device, a.bytes as usize, a.iters.max(1), &dtypes, op) {
+        Ok(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+            crate::exit::OK
+        }
+        Err(e) => {
+            eprintln!("busbw: error: gpu-bench: {e:#}");
+            crate::exit::INTERNAL
+        }
+    }
+}
+
+/// One row of the kernel table: what ran, bytes moved per run, seconds per run.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn bench_row(kernel: &str, dtype: &str, moved: usize, secs: f64, copy_gbs: f64) -> String {
+    let gbs = if secs > 0.0 {
+        moved as f64 / secs / 1e9
+    } else {
+        0.0
+    };
+    let rel = if copy_gbs > 0.0 {
+        gbs / copy_gbs * 100.0
+    } else {
+        0.0
+    };
+    format!(
+        "  {kernel:<14} {dtype:>9} {:>10.1} {gbs:>9.1} {rel:>8.0}%",
+        secs * 1e6
+    )
+}
+
+/// Header lines of the kernel table.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn bench_header(device: &str, bytes: usize, iters: u32) -> Vec<String> {
+    vec![
+        format!(
+            "# gpu-bench: {device}, {bytes} bytes per operand, {iters} iterations, CUDA event time"
+        ),
+        format!(
+            "# {:<14} {:>9} {:>10} {:>9} {:>9}",
+            "kernel", "type", "time(us)", "GB/s", "vs copy"
+        ),
+    ]
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernel_bench(
+    _device: usize,
+    _bytes: usize,
+    _iters: u32,
+    _dtypes: &[busbw_collectives::DataType],
+    _op: busbw_collectives::ReduceOp,
+) -> Result<Vec<String>> {
+    anyhow::bail!(NO_CUDA_BUILD)
+}
+
+#[cfg(feature = "cuda")]
+use imp::kernel_bench;
+
 #[cfg(not(feature = "cuda"))]
 pub enum DeviceMem {}
 
@@ -63,7 +144,7 @@ impl DeviceMem {
     pub fn line(&self) -> GpuLine {
         match *self {}
     }
-    pub fn path(&self, _transport: &str) -> &'static str {
+    pub fn path(&self, _transport: &str) -> String {
         match *self {}
     }
     pub fn reserve(&mut self, _send: usize, _recv: usize, _check: bool) -> Result<()> {
@@ -100,8 +181,9 @@ impl DeviceMem {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
+    use crate::specs::{Buf, Fill, Gen};
     use anyhow::Context;
-    use busbw_collectives::cuda::device::{DeviceBuffer, EventTimer, Gpu, Pinned};
+    use busbw_collectives::cuda::device::{CudaError, DeviceBuffer, EventTimer, Gpu, Pinned};
     use busbw_collectives::cuda::gpudirect;
     use busbw_collectives::cuda::select::{select_device, Slot};
 
@@ -118,7 +200,111 @@ mod imp {
         expected: Option<DeviceBuffer>,
         hsend: Pinned,
         hrecv: Pinned,
-        hexp: Option<Pinned>,
+    }
+
+    /// [`Fill`] on the device: each fill is a generator kernel launch. The first error is
+    /// kept (the trait's methods cannot fail) and reported after the descriptor's init.
+    struct DeviceFill<'a> {
+        gpu: &'a mut Gpu,
+        dtype: busbw_collectives::DataType,
+        send: &'a mut DeviceBuffer,
+        recv: &'a mut DeviceBuffer,
+        expected: Option<&'a mut DeviceBuffer>,
+        err: Option<CudaError>,
+    }
+
+    impl DeviceFill<'_> {
+        fn keep(&mut self, r: Result<(), CudaError>) {
+            if let (Err(e), None) = (r, &self.err) {
+                self.err = Some(e);
+            }
+        }
+        /// The device and the buffer `to`, borrowed together; `None` for a missing expected
+        /// buffer.
+        fn parts(&mut self, to: Buf) -> Option<(&mut Gpu, &mut DeviceBuffer)> {
+            let b = match to {
+                Buf::Send => &mut *self.send,
+                Buf::Recv => &mut *self.recv,
+                Buf::Expected => self.expected.as_deref_mut()?,
+            };
+            Some((&mut *self.gpu, b))
+        }
+    }
+
+    impl Fill for DeviceFill<'_> {
+        fn input(&mut self, to: Buf, off: usize, len: usize, g: Gen) {
+            let d = self.dtype;
+            if let Some((gpu, b)) = self.parts(to) {
+                let count = len / d.size();
+                let r = gpu.fill_input(b, off, count, d, g.op, g.seed, g.first, g.rank, g.nranks);
+                self.keep(r);
+            }
+        }
+        fn expected(&mut self, off: usize, len: usize, g: Gen) {
+            let d = self.dtype;
+            if let Some((gpu, e)) = self.parts(Buf::Expected) {
+                let count = len / d.size();
+                let r = gpu.fill_expected(e, off, count, d, g.op, g.seed, g.first, g.nranks);
+                self.keep(r);
+            }
+        }
+        fn zero(&mut self, to: Buf, off: usize, len: usize) {
+            if let Some((gpu, b)) = self.parts(to) {
+                let r = gpu.zero(b, off, len);
+                self.keep(r);
+            }
+        }
+        fn has_expected(&self) -> bool {
+            self.expected.is_some()
+        }
+    }
+
+    /// Times a device-to-device copy of `bytes` (2 × bytes moved) and each type's
+    /// out-of-place reduction `dst = a op b` (3 × bytes moved) with CUDA events.
+    pub fn kernel_bench(
+        device: usize,
+        bytes: usize,
+        iters: u32,
+        dtypes: &[busbw_collectives::DataType],
+        op: busbw_collectives::ReduceOp,
+    ) -> Result<Vec<String>> {
+        let mut gpu = Gpu::open(device)?;
+        let info = gpu.info().clone();
+        let timer = gpu.timer()?;
+        let (mut a, mut b, mut dst) = (gpu.alloc(bytes)?, gpu.alloc(bytes)?, gpu.alloc(bytes)?);
+        let mut out = bench_header(
+            &format!("device {} [{}] {}", info.index, info.pci, info.name),
+            bytes,
+            iters,
+        );
+        let time = |gpu: &mut Gpu, f: &mut dyn FnMut(&mut Gpu) -> Result<()>| -> Result<f64> {
+            f(gpu)?;
+            timer.start(gpu)?;
+            for _ in 0..iters {
+                f(gpu)?;
+            }
+            timer.stop(gpu)?;
+            Ok(timer.elapsed_s()? / iters as f64)
+        };
+        let copy = time(&mut gpu, &mut |g| Ok(g.copy_dtod(&mut dst, &a, bytes)?))?;
+        let copy_gbs = 2.0 * bytes as f64 / copy / 1e9;
+        out.push(bench_row("copy (dtod)", "-", 2 * bytes, copy, copy_gbs));
+        for &d in dtypes {
+            let count = bytes / d.size();
+            gpu.fill_input(&mut a, 0, count, d, op, 1, 0, 0, 2)?;
+            gpu.fill_input(&mut b, 0, count, d, op, 1, 0, 1, 2)?;
+            let t = time(&mut gpu, &mut |g| {
+                Ok(g.reduce(&mut dst, &a, &b, count, d, op)?)
+            })?;
+            out.push(bench_row(
+                &format!("reduce {}", op.name()),
+                d.name(),
+                3 * count * d.size(),
+                t,
+                copy_gbs,
+            ));
+        }
+        Ok(out)
     }
 
     impl DeviceMem {
@@ -147,7 +333,6 @@ mod imp {
                 expected: None,
                 hsend,
                 hrecv,
-                hexp: None,
             })
         }
 
@@ -161,15 +346,21 @@ mod imp {
         }
 
         /// How device data reaches `transport`, in words (printed once by rank 0).
-        pub fn path(&self, transport: &str) -> &'static str {
-            // The verbs transport registers host memory only so far: even with GPUDirect
-            // available, device data is staged (docs/cuda.md).
-            let _ = gpudirect::choose(
-                transport.contains("verbs"),
+        pub fn path(&self, transport: &str) -> String {
+            let staged = gpudirect::DevicePath::Staged.describe();
+            let could = gpudirect::choose(
+                transport.contains("verbs") || transport == "auto",
                 std::path::Path::new("/sys"),
                 self.gpu.info().dmabuf,
             );
-            gpudirect::DevicePath::Staged.describe()
+            match could {
+                gpudirect::DevicePath::Staged => staged.to_string(),
+                // The verbs transport registers host memory only so far (docs/cuda.md).
+                p => format!(
+                    "{staged}; {} is available to RDMA peers, but the verbs transport does not register device memory yet",
+                    p.describe()
+                ),
+            }
         }
 
         pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
@@ -189,10 +380,6 @@ mod imp {
                 self.expected = Some(
                     g.alloc(recv)
                         .with_context(|| what(recv, "device expected"))?,
-                );
-                self.hexp = Some(
-                    g.alloc_pinned(recv)
-                        .with_context(|| what(recv, "pinned expected"))?,
                 );
             }
             Ok(())
@@ -245,8 +432,9 @@ mod imp {
             Ok(None)
         }
 
-        /// One validation run: the descriptor's data into the device buffers, the operation,
-        /// and the `#wrong` count computed on the device.
+        /// One validation run: the descriptor's data made on the device (generator
+        /// kernels), the operation, and the `#wrong` count computed on the device: only the
+        /// count crosses PCIe.
         pub fn validate(
             &mut self,
             comm: &mut Communicator,
@@ -256,37 +444,30 @@ mod imp {
             checked: Range<usize>,
             corrupt: bool,
         ) -> Result<u64> {
-            let (sb, rb) = (ctx.counts.send_bytes, ctx.counts.recv_bytes);
-            let span = sb.max(rb);
-            let hs = self.hsend.as_mut_slice()?;
-            let hr = self.hrecv.as_mut_slice()?;
-            hr[..span].fill(0);
-            let he = match self.hexp.as_mut() {
-                Some(e) => Some(e.as_mut_slice()?),
-                None => None,
+            let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
+            self.gpu.zero(&mut self.recv, 0, span)?;
+            let mut f = DeviceFill {
+                gpu: &mut self.gpu,
+                dtype: ctx.dtype,
+                send: &mut self.send,
+                recv: &mut self.recv,
+                expected: self.expected.as_mut(),
+                err: None,
             };
-            let elen = checked.len();
-            init(ctx, hs, hr, he);
-            self.gpu.upload(&mut self.send, 0, &hs[..sb], STAGE_CHUNK)?;
-            self.gpu
-                .upload(&mut self.recv, 0, &hr[..span], STAGE_CHUNK)?;
-            if let (Some(de), Some(he)) = (self.expected.as_mut(), self.hexp.as_ref()) {
-                self.gpu
-                    .upload(de, 0, &he.as_slice()?[..elen], STAGE_CHUNK)?;
+            init(ctx, &mut f);
+            if let Some(e) = f.err {
+                return Err(e).context("making validation data on the device");
             }
             self.op(comm, run, ctx, 0, 0, false)?;
             if corrupt && !checked.is_empty() {
                 let hr = self.hrecv.as_mut_slice()?;
-                self.gpu.download(
-                    &mut hr[checked.start..checked.start + 1],
-                    &self.recv,
-                    checked.start,
-                    1,
-                )?;
-                hr[checked.start] ^= 0x01;
-                let b = [hr[checked.start]];
-                self.gpu.upload(&mut self.recv, checked.start, &b, 1)?;
+                let at = checked.start;
+                self.gpu.download(&mut hr[at..at + 1], &self.recv, at, 1)?;
+                hr[at] ^= 0x01;
+                let b = [hr[at]];
+                self.gpu.upload(&mut self.recv, at, &b, 1)?;
             }
+            let elen = checked.len();
             let Some(de) = &self.expected else {
                 return Ok(0);
             };
@@ -321,6 +502,17 @@ mod tests {
         assert_eq!(back.name, "NVIDIA H100 80GB HBM3");
         assert_eq!(GpuLine::decode("x\t0000:00:00\tname"), None);
         assert_eq!(GpuLine::decode("1\tonly-two"), None);
+    }
+
+    #[test]
+    fn the_kernel_table_gives_bandwidth_and_share_of_the_copy() {
+        let h = bench_header("device 0 [0000:07:00] GPU", 1 << 20, 5);
+        assert!(h[0].contains("1048576 bytes per operand"));
+        // 3 MB in 1 ms = 3 GB/s, half of a 6 GB/s copy.
+        let r = bench_row("reduce sum", "half", 3_000_000, 1e-3, 6.0);
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(f, ["reduce", "sum", "half", "1000.0", "3.0", "50%"]);
+        assert_eq!(h[1].split_whitespace().count(), 7);
     }
 
     #[cfg(not(feature = "cuda"))]

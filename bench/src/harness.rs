@@ -10,7 +10,7 @@
 
 use crate::gpu::DeviceMem;
 use crate::plan::{Average, Plan};
-use crate::specs::{Counts, DataCtx, Redop};
+use crate::specs::{Counts, DataCtx, HostFill, Redop};
 use anyhow::{Context, Result};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
@@ -255,12 +255,13 @@ fn bench(
     } = ctx.counts;
     let span = send_bytes.max(recv_bytes);
     if plan.check > 0 {
-        (spec.init)(
-            ctx,
-            bufs.send.as_mut_slice(),
-            bufs.recv.as_mut_slice(),
-            None,
-        );
+        let mut f = HostFill {
+            dtype: ctx.dtype,
+            send: bufs.send.as_mut_slice(),
+            recv: bufs.recv.as_mut_slice(),
+            expected: None,
+        };
+        (spec.init)(ctx, &mut f);
     }
     // One untimed op (connections, page faults, caches), then line everyone up.
     (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), ctx)?;
@@ -298,13 +299,13 @@ fn bench(
 
     let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
         bufs.recv.as_mut_slice()[..span].fill(0);
-        let expected = bufs.expected.as_mut().map(|e| e.as_mut_slice());
-        (spec.init)(
-            vctx,
-            bufs.send.as_mut_slice(),
-            bufs.recv.as_mut_slice(),
-            expected,
-        );
+        let mut f = HostFill {
+            dtype: ctx.dtype,
+            send: bufs.send.as_mut_slice(),
+            recv: bufs.recv.as_mut_slice(),
+            expected: bufs.expected.as_mut().map(|e| e.as_mut_slice()),
+        };
+        (spec.init)(vctx, &mut f);
         (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), vctx)?;
         if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
             bufs.recv.as_mut_slice()[checked.start] ^= 0x01;

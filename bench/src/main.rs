@@ -28,6 +28,7 @@ fn main() {
     let code = match (&cli.command, specs::find(cli.command.program())) {
         (cli::Command::Tools(t), _) => report_cmd::main(t),
         (cli::Command::Doctor(d), _) => doctor::main(d),
+        (cli::Command::GpuBench(g), _) => gpu::bench_main(g),
         (c, Some(spec)) => match c.args() {
             Some(args) => perf::main(spec, args),
             None => exit::INTERNAL,
