@@ -445,7 +445,10 @@ mod imp {
             corrupt: bool,
         ) -> Result<u64> {
             let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
+            // The pinned twin too: out of place, the staged result is uploaded whole, and
+            // what the collective leaves alone (a non-root's receive buffer) must stay zero.
             self.gpu.zero(&mut self.recv, 0, span)?;
+            self.hrecv.as_mut_slice()?[..span].fill(0);
             let mut f = DeviceFill {
                 gpu: &mut self.gpu,
                 dtype: ctx.dtype,
