@@ -69,6 +69,29 @@ pub enum Command {
     /// RDMA devices, ports, link layers, MTUs and GID tables, the GID and rail busbw would
     /// use, and what to fix. Exits 0 when a port is usable, 1 when none is.
     Doctor(DoctorArgs),
+    /// Device reduction kernels' bandwidth against a device-to-device copy on one GPU
+    /// (feature `cuda`; used by scripts/gpu-check.sh).
+    #[command(name = "gpu-bench", hide = true)]
+    GpuBench(GpuBenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GpuBenchArgs {
+    /// Bytes per operand.
+    #[arg(short = 'b', long = "bytes", default_value = "256M", value_parser = parse_size_arg)]
+    pub bytes: u64,
+    /// Timed iterations per kernel.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: u32,
+    /// Element types of the reduction kernels, or all.
+    #[arg(short = 'd', long = "datatype", default_value = "all", value_parser = parse_dtype)]
+    pub dtype: Choice<DataType>,
+    /// Reduction op of the kernels.
+    #[arg(short = 'o', long = "op", default_value = "sum", value_parser = parse_op)]
+    pub op: Choice<ReduceOp>,
+    /// Device index (default: NCCL_TESTS_DEVICE, else 0).
+    #[arg(long = "device", env = "NCCL_TESTS_DEVICE", default_value_t = 0)]
+    pub device: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -101,6 +124,7 @@ impl Command {
             Command::Tools(_) => "busbw",
             Command::Doctor(_) => "doctor",
             Command::K8s(_) => "k8s",
+            Command::GpuBench(_) => "gpu-bench",
         }
     }
     /// The perf flags; `None` for `doctor` and the tools that read saved runs.
@@ -117,7 +141,9 @@ impl Command {
             | Command::Sendrecv(a)
             | Command::Hypercube(a) => a,
             Command::Tiers(t) => &t.perf,
-            Command::Tools(_) | Command::Doctor(_) | Command::K8s(_) => return None,
+            Command::Tools(_) | Command::Doctor(_) | Command::K8s(_) | Command::GpuBench(_) => {
+                return None
+            }
         })
     }
 }
@@ -233,9 +259,11 @@ pub struct PerfArgs {
     /// Threads per process (nccl-tests compatibility; only 1 is supported).
     #[arg(short = 't', long = "nthreads", default_value_t = 1)]
     pub nthreads: u32,
-    /// GPUs per thread (nccl-tests compatibility; only 1 is supported).
-    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
-    pub ngpus: u32,
+    /// GPUs per process: 1 puts this rank's buffers on a CUDA device (build feature `cuda`;
+    /// device chosen as nccl-tests does: NCCL_TESTS_DEVICE, else local rank; see
+    /// docs/cuda.md). Not given or 0: host memory.
+    #[arg(short = 'g', long = "ngpus", visible_alias = "gpus")]
+    pub ngpus: Option<u32>,
     /// Root rank of broadcast, reduce, scatter and gather; -1 loops over every rank.
     #[arg(
         short = 'r',

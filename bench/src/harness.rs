@@ -8,8 +8,9 @@
 //! per-iteration statistics (nccl-tests' `-I`) at the cost of one clock read per iteration;
 //! the row's time is still the whole loop divided by `iters × agg`, as nccl-tests computes it.
 
+use crate::gpu::DeviceMem;
 use crate::plan::{Average, Plan};
-use crate::specs::{Counts, DataCtx, Redop};
+use crate::specs::{Counts, DataCtx, HostFill, Redop};
 use anyhow::{Context, Result};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
@@ -50,10 +51,16 @@ fn alloc(bytes: usize, what: &str, rank: usize) -> Result<HostBuffer> {
     })
 }
 
-pub fn run(
+pub fn run(comm: &mut Communicator, plan: &Plan, sink: Option<&mut dyn Sink>) -> Result<Summary> {
+    run_with(comm, plan, sink, None)
+}
+
+/// [`run`], with the buffers on `dev` when given (`-g 1`; see `gpu.rs`).
+pub fn run_with(
     comm: &mut Communicator,
     plan: &Plan,
     mut sink: Option<&mut dyn Sink>,
+    mut dev: Option<&mut DeviceMem>,
 ) -> Result<Summary> {
     let rank = comm.rank();
     let n = comm.size();
@@ -79,6 +86,10 @@ pub fn run(
             None
         },
     };
+    if let Some(d) = dev.as_deref_mut() {
+        d.reserve(max_send, max_recv, plan.check > 0)
+            .with_context(|| format!("rank {rank}: device buffers"))?;
+    }
     let mut summary = Summary::default();
     let mut seed = 0u64;
     let roots = plan.roots(n).map_err(anyhow::Error::msg)?;
@@ -99,7 +110,13 @@ pub fn run(
                     root,
                     model,
                 };
-                sweep(comm, plan, &mut bufs, c, &mut seed, &mut summary, &mut sink)?;
+                let mut st = State {
+                    bufs: &mut bufs,
+                    dev: dev.as_deref_mut(),
+                    seed: &mut seed,
+                    summary: &mut summary,
+                };
+                sweep(comm, plan, &mut st, c, &mut sink)?;
             }
         }
     }
@@ -115,19 +132,25 @@ struct Combo {
     model: Option<CostModel>,
 }
 
+/// What a sweep works on and accumulates into.
+struct State<'a> {
+    bufs: &'a mut Buffers,
+    dev: Option<&'a mut DeviceMem>,
+    seed: &'a mut u64,
+    summary: &'a mut Summary,
+}
+
 /// One (type, op, root) sweep: nccl-tests' `TimeTest`.
 fn sweep(
     comm: &mut Communicator,
     plan: &Plan,
-    bufs: &mut Buffers,
+    st: &mut State,
     Combo {
         dtype,
         op,
         root,
         model,
     }: Combo,
-    seed: &mut u64,
-    summary: &mut Summary,
     sink: &mut Option<&mut dyn Sink>,
 ) -> Result<()> {
     let spec = plan.spec;
@@ -148,8 +171,17 @@ fn sweep(
     for &size in &plan.warmup_sizes {
         let ctx = ctx_for((spec.counts)(size, dtype, n), 0, false);
         for _ in 0..plan.warmup_iters {
-            (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &ctx)
-                .with_context(|| format!("warmup at {size} bytes"))?;
+            match st.dev.as_deref_mut() {
+                Some(d) => d.op(comm, spec.run, &ctx, 0, 0, false).map(|_| ()),
+                None => (spec.run)(
+                    comm,
+                    st.bufs.send.as_slice(),
+                    st.bufs.recv.as_mut_slice(),
+                    &ctx,
+                )
+                .map_err(Into::into),
+            }
+            .with_context(|| format!("warmup at {size} bytes"))?;
         }
     }
     let mut cycle = 0;
@@ -161,17 +193,16 @@ fn sweep(
             let mut details = [None, None];
             for (i, in_place) in [false, true].into_iter().enumerate() {
                 let ctx = ctx_for(counts, 99, in_place);
-                let (cell, detail) =
-                    bench(comm, plan, &ctx, bufs, seed, summary).with_context(|| {
-                        format!(
-                            "{} {dtype} {op} at {} bytes ({})",
-                            spec.program,
-                            counts.size(),
-                            if in_place { "in-place" } else { "out-of-place" }
-                        )
-                    })?;
-                summary.busbw_sum += cell.busbw;
-                summary.busbw_cells += 1;
+                let (cell, detail) = bench(comm, plan, &ctx, st).with_context(|| {
+                    format!(
+                        "{} {dtype} {op} at {} bytes ({})",
+                        spec.program,
+                        counts.size(),
+                        if in_place { "in-place" } else { "out-of-place" }
+                    )
+                })?;
+                st.summary.busbw_sum += cell.busbw;
+                st.summary.busbw_cells += 1;
                 cells[i] = Some(cell);
                 details[i] = Some(detail);
             }
@@ -210,12 +241,13 @@ fn bench(
     comm: &mut Communicator,
     plan: &Plan,
     ctx: &DataCtx,
-    bufs: &mut Buffers,
-    seed: &mut u64,
-    summary: &mut Summary,
+    st: &mut State,
 ) -> Result<(Cell, CellDetail)> {
+    if let Some(d) = st.dev.as_deref_mut() {
+        return bench_device(comm, plan, ctx, d, st.seed, st.summary);
+    }
+    let (bufs, seed, summary) = (&mut *st.bufs, &mut *st.seed, &mut *st.summary);
     let spec = plan.spec;
-    let n = comm.size();
     let Counts {
         send_bytes,
         recv_bytes,
@@ -223,12 +255,13 @@ fn bench(
     } = ctx.counts;
     let span = send_bytes.max(recv_bytes);
     if plan.check > 0 {
-        (spec.init)(
-            ctx,
-            bufs.send.as_mut_slice(),
-            bufs.recv.as_mut_slice(),
-            None,
-        );
+        let mut f = HostFill {
+            dtype: ctx.dtype,
+            send: bufs.send.as_mut_slice(),
+            recv: bufs.recv.as_mut_slice(),
+            expected: None,
+        };
+        (spec.init)(ctx, &mut f);
     }
     // One untimed op (connections, page faults, caches), then line everyone up.
     (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), ctx)?;
@@ -261,8 +294,136 @@ fn bench(
             lap_start = now;
         }
     }
-    let mut secs = [start.elapsed().as_secs_f64() / total_ops as f64];
-    let detail = spread(comm, secs[0], &laps)?;
+    let secs = start.elapsed().as_secs_f64() / total_ops as f64;
+    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
+
+    let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
+        bufs.recv.as_mut_slice()[..span].fill(0);
+        let mut f = HostFill {
+            dtype: ctx.dtype,
+            send: bufs.send.as_mut_slice(),
+            recv: bufs.recv.as_mut_slice(),
+            expected: bufs.expected.as_mut().map(|e| e.as_mut_slice()),
+        };
+        (spec.init)(vctx, &mut f);
+        (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), vctx)?;
+        if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
+            bufs.recv.as_mut_slice()[checked.start] ^= 0x01;
+        }
+        Ok(match &bufs.expected {
+            Some(e) => count_wrong(
+                ctx.dtype,
+                ctx.op,
+                &bufs.recv.as_slice()[checked.clone()],
+                &e.as_slice()[..checked.len()],
+            ),
+            None => 0,
+        })
+    })?;
+    Ok(cell(t, algbw, busbw, wrong, detail))
+}
+
+/// [`bench`] on device buffers: the same loop, each operation staged (`gpu.rs`), each
+/// iteration lapped with CUDA events, the data made on the host and checked on the device.
+fn bench_device(
+    comm: &mut Communicator,
+    plan: &Plan,
+    ctx: &DataCtx,
+    dev: &mut DeviceMem,
+    seed: &mut u64,
+    summary: &mut Summary,
+) -> Result<(Cell, CellDetail)> {
+    let spec = plan.spec;
+    let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
+    if plan.check > 0 {
+        dev.validate(comm, spec.init, spec.run, ctx, 0..0, false)?;
+    }
+    dev.op(comm, spec.run, ctx, 0, 0, false)?;
+    barrier(comm)?;
+    let shifts = dev.shifts(span);
+    let (iters, agg) = (plan.iters as usize, plan.agg_iters as usize);
+    let total_ops = iters * agg;
+    let mut laps = Vec::with_capacity(iters);
+    let mut lap = 0.0;
+    let start = Instant::now();
+    for k in 0..total_ops {
+        let off = span * (k % shifts);
+        lap += dev.op(comm, spec.run, ctx, off, off, true)?.unwrap_or(0.0);
+        if (k + 1) % agg == 0 {
+            laps.push(lap / agg as f64);
+            lap = 0.0;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64() / total_ops as f64;
+    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
+    let corrupt = plan.corrupt_rank == Some(ctx.rank);
+    let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
+        dev.validate(comm, spec.init, spec.run, vctx, checked, corrupt)
+    })?;
+    Ok(cell(t, algbw, busbw, wrong, detail))
+}
+
+fn cell(t: f64, algbw: f64, busbw: f64, wrong: Option<u64>, d: CellDetail) -> (Cell, CellDetail) {
+    let c = Cell {
+        time_us: t * 1e6,
+        algbw,
+        busbw,
+        wrong,
+    };
+    (c, d)
+}
+
+/// The `-c` validation runs of one cell (fresh seeds; stop at the first with wrong data),
+/// each done by `one(comm, ctx, checked range)`, which returns this rank's wrong count;
+/// `None` where the cell is not validated.
+fn checks(
+    comm: &mut Communicator,
+    plan: &Plan,
+    ctx: &DataCtx,
+    seed: &mut u64,
+    summary: &mut Summary,
+    mut one: impl FnMut(&mut Communicator, &DataCtx, std::ops::Range<usize>) -> Result<u64>,
+) -> Result<Option<u64>> {
+    let spec = plan.spec;
+    if plan.check == 0 || (!spec.checks_in_place && ctx.in_place) {
+        return Ok(None);
+    }
+    let mut local = 0u64;
+    let checked = (spec.checked)(ctx);
+    for _ in 0..plan.check {
+        *seed += 1;
+        let vctx = DataCtx {
+            seed: *seed,
+            ..*ctx
+        };
+        local = one(comm, &vctx, checked.clone())?;
+        if local > 0 {
+            break;
+        }
+    }
+    Ok(Some(wrong_totals(comm, local, summary)?))
+}
+
+/// Job-wide `#wrong` of one cell from this rank's count; counts the cell as out of bounds.
+fn wrong_totals(comm: &mut Communicator, local: u64, summary: &mut Summary) -> Result<u64> {
+    let mut totals = [local, u64::from(local > 0)];
+    all_reduce_values(comm, &mut totals, ReduceOp::Sum)?;
+    summary.out_of_bounds += totals[1];
+    Ok(totals[0])
+}
+
+/// The printed time (combined across ranks by `-a`), algbw, busbw and the per-iteration
+/// detail of one cell.
+fn timing(
+    comm: &mut Communicator,
+    plan: &Plan,
+    ctx: &DataCtx,
+    mean_s: f64,
+    laps: &[f64],
+) -> Result<(f64, f64, f64, CellDetail)> {
+    let (spec, n) = (plan.spec, comm.size());
+    let mut secs = [mean_s];
+    let detail = spread(comm, secs[0], laps)?;
     match plan.average {
         Average::Rank0 => {}
         Average::Mean => {
@@ -279,57 +440,7 @@ fn bench(
         0.0
     };
     let busbw = algbw * (spec.busbw_factor)(n);
-
-    let validate = plan.check > 0 && (spec.checks_in_place || !ctx.in_place);
-    let wrong = if validate {
-        let mut local = 0u64;
-        let checked = (spec.checked)(ctx);
-        for _ in 0..plan.check {
-            *seed += 1;
-            let vctx = DataCtx {
-                seed: *seed,
-                ..*ctx
-            };
-            bufs.recv.as_mut_slice()[..span].fill(0);
-            let expected = bufs.expected.as_mut().map(|e| e.as_mut_slice());
-            (spec.init)(
-                &vctx,
-                bufs.send.as_mut_slice(),
-                bufs.recv.as_mut_slice(),
-                expected,
-            );
-            (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), &vctx)?;
-            if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
-                bufs.recv.as_mut_slice()[checked.start] ^= 0x01;
-            }
-            if let Some(e) = &bufs.expected {
-                local = count_wrong(
-                    ctx.dtype,
-                    ctx.op,
-                    &bufs.recv.as_slice()[checked.clone()],
-                    &e.as_slice()[..checked.len()],
-                );
-            }
-            if local > 0 {
-                break;
-            }
-        }
-        let mut totals = [local, u64::from(local > 0)];
-        all_reduce_values(comm, &mut totals, ReduceOp::Sum)?;
-        summary.out_of_bounds += totals[1];
-        Some(totals[0])
-    } else {
-        None
-    };
-    Ok((
-        Cell {
-            time_us: t * 1e6,
-            algbw,
-            busbw,
-            wrong,
-        },
-        detail,
-    ))
+    Ok((t, algbw, busbw, detail))
 }
 
 /// Largest `ranks × iterations` matrix gathered for per-rank iteration times (512 KiB of f64):

@@ -6,6 +6,7 @@ mod cli_report;
 mod doctor;
 mod exit;
 mod exports;
+mod gpu;
 mod harness;
 mod k8s;
 mod perf;
@@ -29,6 +30,7 @@ fn main() {
         (cli::Command::Tools(t), _) => report_cmd::main(t),
         (cli::Command::Doctor(d), _) => doctor::main(d),
         (cli::Command::K8s(k), _) => k8s::main(k, &std::env::args().collect::<Vec<_>>()),
+        (cli::Command::GpuBench(g), _) => gpu::bench_main(g),
         (c, Some(spec)) => match c.args() {
             Some(args) => perf::main(spec, args),
             None => exit::INTERNAL,

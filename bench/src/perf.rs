@@ -4,12 +4,13 @@
 use crate::cli::PerfArgs;
 use crate::exit;
 use crate::exports::{self, Outputs};
+use crate::gpu::DeviceMem;
 use crate::harness;
 use crate::plan::Plan;
 use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
@@ -22,7 +23,9 @@ pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
 pub type Work<'a> = &'a dyn Fn(&mut Session, &Plan, &World) -> Result<i32>;
 
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
-    main_with(spec, args, &|session, plan, _| sweep(session, plan, args))
+    main_with(spec, args, &|session, plan, world| {
+        sweep(session, plan, args, world.local_rank)
+    })
 }
 
 /// [`main`] with other per-rank work than the sweep (`busbw tiers`): the same launch,
@@ -354,7 +357,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     }
 }
 
-fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs) -> Result<i32> {
+fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, local_rank: usize) -> Result<i32> {
     let rank0 = session.comm.rank() == 0;
     if let Err(msg) = plan.roots(session.comm.size()) {
         if rank0 {
@@ -375,6 +378,23 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs) -> Result<i32> {
     if rank0 {
         table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
+    // -g 1: open this rank's device before the header, which names every rank's GPU.
+    let mut dev = match plan.gpus {
+        0 => None,
+        _ => {
+            let d = DeviceMem::open(local_rank, plan.gpus)
+                .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
+            session.publish_gpu(&d.line(), plan.timeout)?;
+            if rank0 {
+                eprintln!(
+                    "busbw: device buffers: {} ({})",
+                    d.path(&session.transport_name),
+                    session.transport_name
+                );
+            }
+            Some(d)
+        }
+    };
     let header = run_header(session, plan);
     if rank0 {
         table.header(&header)?;
@@ -389,7 +409,7 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs) -> Result<i32> {
         }
         None => {
             let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
-            match harness::run(&mut session.comm, plan, sink) {
+            match harness::run_with(&mut session.comm, plan, sink, dev.as_mut()) {
                 Ok(s) => s,
                 Err(e) => {
                     if rank0 {

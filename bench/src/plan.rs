@@ -44,6 +44,8 @@ pub struct Plan {
     pub timeout: Duration,
     pub min_busbw: Option<f64>,
     pub corrupt_rank: Option<usize>,
+    /// `-g 1`: buffers on this rank's CUDA device.
+    pub gpus: u32,
 }
 
 impl Plan {
@@ -71,11 +73,26 @@ impl Plan {
         if a.agg_iters == 0 {
             return Err("-m 0: at least one operation per iteration is needed".into());
         }
-        if a.nthreads != 1 || a.ngpus != 1 {
+        if a.nthreads != 1 {
             return Err(format!(
-                "-t {} -g {}: busbw runs one rank per process; use --np (or your launcher) for more ranks",
-                a.nthreads, a.ngpus
+                "-t {}: busbw runs one rank per process; use --np (or your launcher) for more ranks",
+                a.nthreads
             ));
+        }
+        let gpus = a.ngpus.unwrap_or(0);
+        if gpus > 1 {
+            return Err(format!(
+                "-g {gpus}: busbw drives one GPU per process (-g 1); start a process per GPU with \
+                 --np, --nproc-per-node or your launcher"
+            ));
+        }
+        if gpus == 1 && !cfg!(feature = "cuda") {
+            return Err(crate::gpu::NO_CUDA_BUILD.into());
+        }
+        if gpus == 1 {
+            // Before any rank starts: a host without the driver is a setup problem to name
+            // once, not a failure of every rank.
+            busbw_collectives::cuda::probe().map_err(|e| e.to_string())?;
         }
         if a.np == 0 {
             return Err("--np 0: at least one rank is needed".into());
@@ -136,6 +153,7 @@ impl Plan {
             timeout,
             min_busbw: a.min_busbw,
             corrupt_rank: a.debug_corrupt_rank,
+            gpus,
         })
     }
 

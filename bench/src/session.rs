@@ -1,6 +1,7 @@
 //! One rank's membership in a job: rendezvous, configuration agreement, transport and
 //! communicator. Everything here that waits is bounded by `-T`.
 
+use crate::gpu::GpuLine;
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
@@ -343,6 +344,40 @@ impl Session {
         comm.set_nodes(nodes)?;
         comm.connect_ring()?;
         Ok((comm, devices, abort))
+    }
+
+    /// Puts every rank's GPU into the `Using devices` lines (rank 0's copy): a rendezvous
+    /// gather of each rank's [`GpuLine`], since ranks on other hosts see other devices.
+    pub fn publish_gpu(&mut self, line: &GpuLine, timeout: std::time::Duration) -> Result<()> {
+        let (rank, size) = (self.comm.rank(), self.comm.size());
+        let lines: Vec<Option<GpuLine>> = match &self.rdv {
+            Some(r) => {
+                let g = all_gather(
+                    r.store.as_ref(),
+                    "gpu",
+                    rank,
+                    size,
+                    line.encode().as_bytes(),
+                    timeout,
+                )
+                .map_err(|e| name_missing(e, "gpu"))?;
+                g.iter()
+                    .map(|b| GpuLine::decode(&String::from_utf8_lossy(b)))
+                    .collect()
+            }
+            None => vec![Some(line.clone())],
+        };
+        for (d, l) in self.devices.iter_mut().zip(lines) {
+            let l = l.with_context(|| format!("rank {} sent a malformed device line", d.rank))?;
+            d.device = l.index as i32;
+            d.pci = l.pci;
+            d.name = format!(
+                "{} via {}",
+                l.name,
+                d.name.trim_start_matches("host memory via ")
+            );
+        }
+        Ok(())
     }
 
     /// Check out of the job (rank 0 keeps serving the store until everyone has).

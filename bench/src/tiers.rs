@@ -152,6 +152,12 @@ pub fn main(t: &TiersArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    if t.perf.ngpus.unwrap_or(0) > 0 {
+        eprintln!(
+            "busbw: error: tiers runs on host memory (it measures the network between tiers); drop -g"
+        );
+        return exit::USAGE;
+    }
     perf::main_with(spec, &t.perf, &|session, plan, world| {
         run(session, plan, world, &opts)
     })

@@ -441,6 +441,33 @@ fn bad_flags_are_usage_errors() {
     );
 }
 
+/// `-g 1` needs the `cuda` build and a driver; where both exist the device path is
+/// scripts/gpu-check.sh's to test, on a GPU.
+#[test]
+fn gpus_need_the_cuda_build_and_a_driver() {
+    usage_error(&["all_reduce_perf", "-g", "2"], "one GPU per process");
+    usage_error(&["tiers", "-g", "1"], "drop -g");
+    let ok = run(&["all_reduce_perf", "-b", "8", "-e", "8", "-g", "0"]);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "-g 0 is host memory: {}",
+        text(&ok.stderr)
+    );
+    if !cfg!(feature = "cuda") {
+        usage_error(&["all_reduce_perf", "-g", "1"], "--features cuda");
+        usage_error(&["gpu-bench"], "--features cuda");
+    } else if let Err(e) = busbw_collectives::cuda::probe() {
+        eprintln!("SKIP the -g 1 run: {e}");
+        for args in [&["all_reduce_perf", "-g", "1"][..], &["gpu-bench"][..]] {
+            usage_error(args, "no CUDA driver: libcuda.so.1 not found");
+            usage_error(args, "install the NVIDIA driver or run without -g");
+        }
+    } else {
+        eprintln!("SKIP: this host has a CUDA driver; scripts/gpu-check.sh tests -g 1 on it");
+    }
+}
+
 #[test]
 fn launcher_environment_is_checked() {
     let out = busbw()

@@ -12,6 +12,7 @@ pub mod algo;
 pub mod buffer;
 pub mod chain;
 pub mod communicator;
+pub mod cuda;
 pub mod dtype;
 pub mod element;
 mod error;

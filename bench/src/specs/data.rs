@@ -1,12 +1,19 @@
 //! Verifiable data for the non-reduction collectives: nccl-tests' "Nil" generator, values that
 //! depend only on (seed, element index), so a block's content says where it came from.
 
-use busbw_collectives::verifiable::fill_input;
+use super::{Buf, Fill, Gen};
 use busbw_collectives::{DataType, ReduceOp};
 
-/// `out` gets elements `first ..` of the sequence named `seed`.
-pub fn nil(dtype: DataType, out: &mut [u8], seed: u64, first: usize) {
-    fill_input(dtype, ReduceOp::Sum, out, seed, first as u64, 0, 1);
+/// `to[off..off + len]` gets elements `first ..` of the sequence named `seed`.
+pub fn nil(f: &mut dyn Fill, to: Buf, off: usize, len: usize, seed: u64, first: usize) {
+    let g = Gen {
+        op: ReduceOp::Sum,
+        seed,
+        first: first as u64,
+        rank: 0,
+        nranks: 1,
+    };
+    f.input(to, off, len, g);
 }
 
 /// Per-rank seed of the gathering collectives (nccl-tests: `33 × rep + rank`).

@@ -4,9 +4,8 @@
 //! sequence with per-rank seeds or global indices so that a misplaced block is detected.
 
 use super::data::{nil, per_rank, rank_seed};
-use super::{CollectiveSpec, Counts, DataCtx, Redop};
+use super::{Buf, CollectiveSpec, Counts, DataCtx, Fill, Gen, Redop};
 use busbw_collectives as coll;
-use busbw_collectives::verifiable::{fill_expected, fill_input};
 use busbw_collectives::{CommError, Communicator, Data, DataType};
 use std::ops::Range;
 
@@ -55,18 +54,13 @@ fn plain_counts(bytes: u64, dtype: DataType, _n: usize) -> Counts {
     }
 }
 
-/// The input buffer of a placement: `send`, or the receive buffer at `offset` in place.
-fn input<'a>(
-    ctx: &DataCtx,
-    send: &'a mut [u8],
-    recv: &'a mut [u8],
-    offset: usize,
-    len: usize,
-) -> &'a mut [u8] {
+/// The input buffer of a placement and the offset in it: `send`, or the receive buffer at
+/// `offset` in place.
+fn input(ctx: &DataCtx, offset: usize) -> (Buf, usize) {
     if ctx.in_place {
-        &mut recv[offset..offset + len]
+        (Buf::Recv, offset)
     } else {
-        &mut send[..len]
+        (Buf::Send, 0)
     }
 }
 
@@ -93,13 +87,11 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
     alg_bytes: whole,
     // 2(n-1) transfers of every element over n links.
     busbw_factor: |n| 2.0 * (n as f64 - 1.0) / n as f64,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let b = ctx.counts.send_bytes;
-        let inp = input(ctx, send, recv, 0, b);
-        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
-        if let Some(e) = expected {
-            fill_expected(ctx.dtype, ctx.op, &mut e[..b], ctx.seed, 0, ctx.nranks);
-        }
+        let (to, off) = input(ctx, 0);
+        f.input(to, off, b, Gen::of(ctx, 0));
+        f.expected(0, b, Gen::of(ctx, 0));
     },
     checked: all_checked,
     checks_in_place: true,
@@ -131,18 +123,13 @@ fn gathered_counts(bytes: u64, dtype: DataType, n: usize) -> Counts {
 }
 
 /// Every rank's block j holds rank j's sequence (AllGather, HyperCube).
-fn init_gathered(ctx: &DataCtx, send: &mut [u8], recv: &mut [u8], expected: Option<&mut [u8]>) {
+fn init_gathered(ctx: &DataCtx, f: &mut dyn Fill) {
     let sb = ctx.counts.send_bytes;
-    let inp = input(ctx, send, recv, ctx.rank * sb, sb);
-    nil(ctx.dtype, inp, rank_seed(ctx.seed, ctx.rank), 0);
-    if let Some(e) = expected {
+    let (to, off) = input(ctx, ctx.rank * sb);
+    nil(f, to, off, sb, rank_seed(ctx.seed, ctx.rank), 0);
+    if f.has_expected() {
         for j in 0..ctx.nranks {
-            nil(
-                ctx.dtype,
-                &mut e[j * sb..(j + 1) * sb],
-                rank_seed(ctx.seed, j),
-                0,
-            );
+            nil(f, Buf::Expected, j * sb, sb, rank_seed(ctx.seed, j), 0);
         }
     }
 }
@@ -174,14 +161,13 @@ pub static BROADCAST: CollectiveSpec = CollectiveSpec {
     counts: plain_counts,
     alg_bytes: whole,
     busbw_factor: one,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let b = ctx.counts.send_bytes;
         if ctx.rank == ctx.root {
-            nil(ctx.dtype, input(ctx, send, recv, 0, b), ctx.seed, 0);
+            let (to, off) = input(ctx, 0);
+            nil(f, to, off, b, ctx.seed, 0);
         }
-        if let Some(e) = expected {
-            nil(ctx.dtype, &mut e[..b], ctx.seed, 0);
-        }
+        nil(f, Buf::Expected, 0, b, ctx.seed, 0);
     },
     checked: all_checked,
     checks_in_place: true,
@@ -226,21 +212,12 @@ pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
     counts: scattered_counts,
     alg_bytes: whole,
     busbw_factor: gather_factor,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let c = ctx.counts;
-        let inp = input(ctx, send, recv, 0, c.send_bytes);
-        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
-        if let Some(e) = expected {
-            let first = (ctx.rank * c.count) as u64;
-            fill_expected(
-                ctx.dtype,
-                ctx.op,
-                &mut e[..c.recv_bytes],
-                ctx.seed,
-                first,
-                ctx.nranks,
-            );
-        }
+        let (to, off) = input(ctx, 0);
+        f.input(to, off, c.send_bytes, Gen::of(ctx, 0));
+        let first = (ctx.rank * c.count) as u64;
+        f.expected(0, c.recv_bytes, Gen::of(ctx, first));
     },
     checked: own_block,
     checks_in_place: true,
@@ -266,21 +243,18 @@ pub static REDUCE: CollectiveSpec = CollectiveSpec {
     counts: plain_counts,
     alg_bytes: whole,
     busbw_factor: one,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let b = ctx.counts.send_bytes;
-        let inp = input(ctx, send, recv, 0, b);
-        fill_input(ctx.dtype, ctx.op, inp, ctx.seed, 0, ctx.rank, ctx.nranks);
-        if let Some(e) = expected {
-            let e = &mut e[..b];
-            if ctx.rank == ctx.root {
-                fill_expected(ctx.dtype, ctx.op, e, ctx.seed, 0, ctx.nranks);
-            } else if ctx.in_place {
-                // Not the root: the buffer must still hold our input.
-                fill_input(ctx.dtype, ctx.op, e, ctx.seed, 0, ctx.rank, ctx.nranks);
-            } else {
-                // Not the root: the (zeroed) receive buffer must stay untouched.
-                e.fill(0);
-            }
+        let (to, off) = input(ctx, 0);
+        f.input(to, off, b, Gen::of(ctx, 0));
+        if ctx.rank == ctx.root {
+            f.expected(0, b, Gen::of(ctx, 0));
+        } else if ctx.in_place {
+            // Not the root: the buffer must still hold our input.
+            f.input(Buf::Expected, 0, b, Gen::of(ctx, 0));
+        } else {
+            // Not the root: the (zeroed) receive buffer must stay untouched.
+            f.zero(Buf::Expected, 0, b);
         }
     },
     checked: all_checked,
@@ -319,16 +293,18 @@ pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
     alg_bytes: whole,
     // 1/n of the data stays local (nccl-tests#130).
     busbw_factor: gather_factor,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let c = ctx.counts;
-        let inp = input(ctx, send, recv, 0, c.send_bytes);
-        nil(ctx.dtype, inp, rank_seed(ctx.seed, ctx.rank), 0);
-        if let Some(e) = expected {
+        let (to, off) = input(ctx, 0);
+        nil(f, to, off, c.send_bytes, rank_seed(ctx.seed, ctx.rank), 0);
+        if f.has_expected() {
             let blk = c.count * ctx.dtype.size();
             for j in 0..ctx.nranks {
                 nil(
-                    ctx.dtype,
-                    &mut e[j * blk..(j + 1) * blk],
+                    f,
+                    Buf::Expected,
+                    j * blk,
+                    blk,
                     rank_seed(ctx.seed, j),
                     ctx.rank * c.count,
                 );
@@ -353,24 +329,20 @@ pub static SCATTER: CollectiveSpec = CollectiveSpec {
     counts: scattered_counts,
     alg_bytes: whole,
     busbw_factor: gather_factor,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let c = ctx.counts;
         if ctx.rank == ctx.root {
-            nil(
-                ctx.dtype,
-                input(ctx, send, recv, 0, c.send_bytes),
-                ctx.seed,
-                0,
-            );
+            let (to, off) = input(ctx, 0);
+            nil(f, to, off, c.send_bytes, ctx.seed, 0);
         }
-        if let Some(e) = expected {
-            nil(
-                ctx.dtype,
-                &mut e[..c.recv_bytes],
-                ctx.seed,
-                ctx.rank * c.count,
-            );
-        }
+        nil(
+            f,
+            Buf::Expected,
+            0,
+            c.recv_bytes,
+            ctx.seed,
+            ctx.rank * c.count,
+        );
     },
     checked: own_block,
     checks_in_place: true,
@@ -396,26 +368,24 @@ pub static GATHER: CollectiveSpec = CollectiveSpec {
     counts: gathered_counts,
     alg_bytes: whole,
     busbw_factor: gather_factor,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let c = ctx.counts;
         let sb = c.send_bytes;
-        nil(
-            ctx.dtype,
-            input(ctx, send, recv, ctx.rank * sb, sb),
-            ctx.seed,
-            ctx.rank * c.count,
-        );
-        if let Some(e) = expected {
-            let e = &mut e[..c.recv_bytes];
-            if ctx.rank == ctx.root {
-                nil(ctx.dtype, e, ctx.seed, 0);
-            } else {
-                // Not the root: nothing may be written; in place, our own block holds our input.
-                e.fill(0);
-                if ctx.in_place {
-                    let blk = &mut e[ctx.rank * sb..(ctx.rank + 1) * sb];
-                    nil(ctx.dtype, blk, ctx.seed, ctx.rank * c.count);
-                }
+        let (to, off) = input(ctx, ctx.rank * sb);
+        nil(f, to, off, sb, ctx.seed, ctx.rank * c.count);
+        if ctx.rank == ctx.root {
+            nil(f, Buf::Expected, 0, c.recv_bytes, ctx.seed, 0);
+        } else {
+            f.zero(Buf::Expected, 0, c.recv_bytes);
+            if ctx.in_place {
+                nil(
+                    f,
+                    Buf::Expected,
+                    ctx.rank * sb,
+                    sb,
+                    ctx.seed,
+                    ctx.rank * c.count,
+                );
             }
         }
     },
@@ -443,14 +413,12 @@ pub static SENDRECV: CollectiveSpec = CollectiveSpec {
     counts: plain_counts,
     alg_bytes: whole,
     busbw_factor: one,
-    init: |ctx, send, recv, expected| {
+    init: |ctx, f| {
         let c = ctx.counts;
-        let inp = input(ctx, send, recv, 0, c.send_bytes);
-        nil(ctx.dtype, inp, ctx.seed, ctx.rank * c.count);
-        if let Some(e) = expected {
-            let from = (ctx.rank + ctx.nranks - 1) % ctx.nranks;
-            nil(ctx.dtype, &mut e[..c.recv_bytes], ctx.seed, from * c.count);
-        }
+        let (to, off) = input(ctx, 0);
+        nil(f, to, off, c.send_bytes, ctx.seed, ctx.rank * c.count);
+        let from = (ctx.rank + ctx.nranks - 1) % ctx.nranks;
+        nil(f, Buf::Expected, 0, c.recv_bytes, ctx.seed, from * c.count);
     },
     checked: all_checked,
     checks_in_place: true,

@@ -6,6 +6,7 @@ mod data;
 mod descriptors;
 
 use busbw_collectives::algo::{Algo, CostModel};
+use busbw_collectives::verifiable::{fill_expected, fill_input};
 use busbw_collectives::{CommError, Communicator, DataType, ReduceOp};
 use std::ops::Range;
 
@@ -45,8 +46,96 @@ pub struct DataCtx {
 }
 
 /// Fills the inputs (in `send`, or in `recv` when in place) and the expected content of the
-/// checked range of `recv`.
-pub type InitFn = fn(ctx: &DataCtx, send: &mut [u8], recv: &mut [u8], expected: Option<&mut [u8]>);
+/// checked range of `recv`, through `f`: host memory, or a device's (kernels on the device,
+/// so validation data never crosses PCIe).
+pub type InitFn = fn(ctx: &DataCtx, f: &mut dyn Fill);
+
+/// One of a placement's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    Send,
+    Recv,
+    /// The expected content of the checked range (validation runs only).
+    Expected,
+}
+
+/// What a generator makes: `rank`'s input (of `nranks`) for `op` and `seed`, from global
+/// element `first` on (see `verifiable`); the expected output ignores `rank`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gen {
+    pub op: ReduceOp,
+    pub seed: u64,
+    pub first: u64,
+    pub rank: usize,
+    pub nranks: usize,
+}
+
+impl Gen {
+    /// This rank's data of `ctx` from element `first`.
+    pub fn of(ctx: &DataCtx, first: u64) -> Gen {
+        Gen {
+            op: ctx.op,
+            seed: ctx.seed,
+            first,
+            rank: ctx.rank,
+            nranks: ctx.nranks,
+        }
+    }
+}
+
+/// Where a descriptor's data goes; offsets and lengths in bytes. Fills of
+/// [`Buf::Expected`] do nothing where there is no expected buffer.
+pub trait Fill {
+    /// `g`'s input.
+    fn input(&mut self, to: Buf, off: usize, len: usize, g: Gen);
+    /// The reduction of every rank's input, into the expected buffer.
+    fn expected(&mut self, off: usize, len: usize, g: Gen);
+    fn zero(&mut self, to: Buf, off: usize, len: usize);
+    /// Whether there is an expected buffer.
+    fn has_expected(&self) -> bool;
+}
+
+/// [`Fill`] into host memory.
+pub struct HostFill<'a> {
+    pub dtype: DataType,
+    pub send: &'a mut [u8],
+    pub recv: &'a mut [u8],
+    pub expected: Option<&'a mut [u8]>,
+}
+
+impl HostFill<'_> {
+    fn buf(&mut self, to: Buf, off: usize, len: usize) -> Option<&mut [u8]> {
+        let b = match to {
+            Buf::Send => &mut *self.send,
+            Buf::Recv => &mut *self.recv,
+            Buf::Expected => self.expected.as_deref_mut()?,
+        };
+        Some(&mut b[off..off + len])
+    }
+}
+
+impl Fill for HostFill<'_> {
+    fn input(&mut self, to: Buf, off: usize, len: usize, g: Gen) {
+        let d = self.dtype;
+        if let Some(b) = self.buf(to, off, len) {
+            fill_input(d, g.op, b, g.seed, g.first, g.rank, g.nranks);
+        }
+    }
+    fn expected(&mut self, off: usize, len: usize, g: Gen) {
+        let d = self.dtype;
+        if let Some(b) = self.buf(Buf::Expected, off, len) {
+            fill_expected(d, g.op, b, g.seed, g.first, g.nranks);
+        }
+    }
+    fn zero(&mut self, to: Buf, off: usize, len: usize) {
+        if let Some(b) = self.buf(to, off, len) {
+            b.fill(0);
+        }
+    }
+    fn has_expected(&self) -> bool {
+        self.expected.is_some()
+    }
+}
 
 /// Runs the collective once; `send` is ignored in place.
 pub type RunFn = fn(

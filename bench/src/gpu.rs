@@ -1,0 +1,549 @@
+//! `-g 1`: this rank's buffers on a CUDA device (feature `cuda`; docs/cuda.md).
+//!
+//! The collectives run over TCP and shared memory, which need host memory, so device data is
+//! staged at the algorithm boundary: before each operation the input is copied to pinned
+//! host memory in chunks alternating between two streams (two copy engines), the host
+//! algorithm runs on the pinned buffers, and the result is copied back the same way. The
+//! time of a row therefore includes the PCIe copies a job without GPUDirect pays. Each
+//! iteration is also timed with CUDA events on the device's stream; those laps are the
+//! per-iteration statistics of device rows.
+//!
+//! Without feature `cuda` [`DeviceMem`] is uninhabited: the harness's device branches
+//! compile and are never taken.
+
+use crate::specs::{DataCtx, InitFn, RunFn};
+use anyhow::Result;
+use busbw_collectives::Communicator;
+use std::ops::Range;
+
+/// The usage error of `-g` in a build without CUDA.
+pub const NO_CUDA_BUILD: &str = "-g/--ngpus asks for CUDA device buffers, which this build lacks: \
+rebuild with `cargo build --release --features cuda` (no CUDA toolkit needed to build), or drop -g \
+to run on host memory";
+
+/// What the `Using devices` line of a rank says about its GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuLine {
+    pub index: usize,
+    pub pci: String,
+    pub name: String,
+}
+
+impl GpuLine {
+    /// Packed for the rendezvous exchange: `index\tpci\tname`.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}\t{}\t{}",
+            self.index,
+            self.pci,
+            self.name.replace('\t', " ")
+        )
+    }
+    pub fn decode(s: &str) -> Option<GpuLine> {
+        let mut f = s.splitn(3, '\t');
+        Some(GpuLine {
+            index: f.next()?.parse().ok()?,
+            pci: f.next()?.to_string(),
+            name: f.next()?.to_string(),
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use imp::DeviceMem;
+
+/// `busbw gpu-bench`: exit 0, 2 (no CUDA in the build or on the host) or 1 (a CUDA error).
+pub fn bench_main(a: &crate::cli::GpuBenchArgs) -> i32 {
+    use crate::cli::Choice;
+    use busbw_collectives::{DataType, ReduceOp};
+    if !cfg!(feature = "cuda") {
+        eprintln!("busbw: error: {NO_CUDA_BUILD}");
+        return crate::exit::USAGE;
+    }
+    if let Err(e) = busbw_collectives::cuda::probe() {
+        eprintln!("busbw: error: {e}");
+        return crate::exit::USAGE;
+    }
+    let dtypes = match &a.dtype {
+        Choice::All => DataType::ALL.to_vec(),
+        Choice::One(d) => vec![*d],
+    };
+    let op = match &a.op {
+        Choice::All => ReduceOp::Sum,
+        Choice::One(o) => *o,
+    };
+    match kernel_bench(a.device, a.bytes as usize, a.iters.max(1), &dtypes, op) {
+        Ok(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+            crate::exit::OK
+        }
+        Err(e) => {
+            eprintln!("busbw: error: gpu-bench: {e:#}");
+            crate::exit::INTERNAL
+        }
+    }
+}
+
+/// One row of the kernel table: what ran, bytes moved per run, seconds per run.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn bench_row(kernel: &str, dtype: &str, moved: usize, secs: f64, copy_gbs: f64) -> String {
+    let gbs = if secs > 0.0 {
+        moved as f64 / secs / 1e9
+    } else {
+        0.0
+    };
+    let rel = if copy_gbs > 0.0 {
+        gbs / copy_gbs * 100.0
+    } else {
+        0.0
+    };
+    format!(
+        "  {kernel:<14} {dtype:>9} {:>10.1} {gbs:>9.1} {rel:>8.0}%",
+        secs * 1e6
+    )
+}
+
+/// Header lines of the kernel table.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn bench_header(device: &str, bytes: usize, iters: u32) -> Vec<String> {
+    vec![
+        format!(
+            "# gpu-bench: {device}, {bytes} bytes per operand, {iters} iterations, CUDA event time"
+        ),
+        format!(
+            "# {:<14} {:>9} {:>10} {:>9} {:>9}",
+            "kernel", "type", "time(us)", "GB/s", "vs copy"
+        ),
+    ]
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernel_bench(
+    _device: usize,
+    _bytes: usize,
+    _iters: u32,
+    _dtypes: &[busbw_collectives::DataType],
+    _op: busbw_collectives::ReduceOp,
+) -> Result<Vec<String>> {
+    anyhow::bail!(NO_CUDA_BUILD)
+}
+
+#[cfg(feature = "cuda")]
+use imp::kernel_bench;
+
+#[cfg(not(feature = "cuda"))]
+pub enum DeviceMem {}
+
+#[cfg(not(feature = "cuda"))]
+impl DeviceMem {
+    pub fn open(_local_rank: usize, _gpus: u32) -> Result<DeviceMem> {
+        anyhow::bail!(NO_CUDA_BUILD)
+    }
+    pub fn line(&self) -> GpuLine {
+        match *self {}
+    }
+    pub fn path(&self, _transport: &str) -> String {
+        match *self {}
+    }
+    pub fn reserve(&mut self, _send: usize, _recv: usize, _check: bool) -> Result<()> {
+        match *self {}
+    }
+    pub fn shifts(&self, _span: usize) -> usize {
+        match *self {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn op(
+        &mut self,
+        _comm: &mut Communicator,
+        _run: RunFn,
+        _ctx: &DataCtx,
+        _soff: usize,
+        _roff: usize,
+        _timed: bool,
+    ) -> Result<Option<f64>> {
+        match *self {}
+    }
+    pub fn validate(
+        &mut self,
+        _comm: &mut Communicator,
+        _init: InitFn,
+        _run: RunFn,
+        _ctx: &DataCtx,
+        _checked: Range<usize>,
+        _corrupt: bool,
+    ) -> Result<u64> {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::*;
+    use crate::specs::{Buf, Fill, Gen};
+    use anyhow::Context;
+    use busbw_collectives::cuda::device::{CudaError, DeviceBuffer, EventTimer, Gpu, Pinned};
+    use busbw_collectives::cuda::gpudirect;
+    use busbw_collectives::cuda::select::{select_device, Slot};
+
+    /// Staging chunk: big enough to reach PCIe bandwidth, small enough that two pieces
+    /// overlap.
+    const STAGE_CHUNK: usize = 4 << 20;
+
+    /// A rank's device, its send/receive/expected buffers and their pinned twins.
+    pub struct DeviceMem {
+        gpu: Gpu,
+        timer: EventTimer,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        expected: Option<DeviceBuffer>,
+        hsend: Pinned,
+        hrecv: Pinned,
+    }
+
+    /// [`Fill`] on the device: each fill is a generator kernel launch. The first error is
+    /// kept (the trait's methods cannot fail) and reported after the descriptor's init.
+    struct DeviceFill<'a> {
+        gpu: &'a mut Gpu,
+        dtype: busbw_collectives::DataType,
+        send: &'a mut DeviceBuffer,
+        recv: &'a mut DeviceBuffer,
+        expected: Option<&'a mut DeviceBuffer>,
+        err: Option<CudaError>,
+    }
+
+    impl DeviceFill<'_> {
+        fn keep(&mut self, r: Result<(), CudaError>) {
+            if let (Err(e), None) = (r, &self.err) {
+                self.err = Some(e);
+            }
+        }
+        /// The device and the buffer `to`, borrowed together; `None` for a missing expected
+        /// buffer.
+        fn parts(&mut self, to: Buf) -> Option<(&mut Gpu, &mut DeviceBuffer)> {
+            let b = match to {
+                Buf::Send => &mut *self.send,
+                Buf::Recv => &mut *self.recv,
+                Buf::Expected => self.expected.as_deref_mut()?,
+            };
+            Some((&mut *self.gpu, b))
+        }
+    }
+
+    impl Fill for DeviceFill<'_> {
+        fn input(&mut self, to: Buf, off: usize, len: usize, g: Gen) {
+            let d = self.dtype;
+            if let Some((gpu, b)) = self.parts(to) {
+                let count = len / d.size();
+                let r = gpu.fill_input(b, off, count, d, g.op, g.seed, g.first, g.rank, g.nranks);
+                self.keep(r);
+            }
+        }
+        fn expected(&mut self, off: usize, len: usize, g: Gen) {
+            let d = self.dtype;
+            if let Some((gpu, e)) = self.parts(Buf::Expected) {
+                let count = len / d.size();
+                let r = gpu.fill_expected(e, off, count, d, g.op, g.seed, g.first, g.nranks);
+                self.keep(r);
+            }
+        }
+        fn zero(&mut self, to: Buf, off: usize, len: usize) {
+            if let Some((gpu, b)) = self.parts(to) {
+                let r = gpu.zero(b, off, len);
+                self.keep(r);
+            }
+        }
+        fn has_expected(&self) -> bool {
+            self.expected.is_some()
+        }
+    }
+
+    /// Times a device-to-device copy of `bytes` (2 × bytes moved) and each type's
+    /// out-of-place reduction `dst = a op b` (3 × bytes moved) with CUDA events.
+    pub fn kernel_bench(
+        device: usize,
+        bytes: usize,
+        iters: u32,
+        dtypes: &[busbw_collectives::DataType],
+        op: busbw_collectives::ReduceOp,
+    ) -> Result<Vec<String>> {
+        let mut gpu = Gpu::open(device)?;
+        let info = gpu.info().clone();
+        let timer = gpu.timer()?;
+        let (mut a, mut b, mut dst) = (gpu.alloc(bytes)?, gpu.alloc(bytes)?, gpu.alloc(bytes)?);
+        let mut out = bench_header(
+            &format!("device {} [{}] {}", info.index, info.pci, info.name),
+            bytes,
+            iters,
+        );
+        let time = |gpu: &mut Gpu, f: &mut dyn FnMut(&mut Gpu) -> Result<()>| -> Result<f64> {
+            f(gpu)?;
+            timer.start(gpu)?;
+            for _ in 0..iters {
+                f(gpu)?;
+            }
+            timer.stop(gpu)?;
+            Ok(timer.elapsed_s()? / iters as f64)
+        };
+        let copy = time(&mut gpu, &mut |g| Ok(g.copy_dtod(&mut dst, &a, bytes)?))?;
+        let copy_gbs = 2.0 * bytes as f64 / copy / 1e9;
+        out.push(bench_row("copy (dtod)", "-", 2 * bytes, copy, copy_gbs));
+        for &d in dtypes {
+            let count = bytes / d.size();
+            gpu.fill_input(&mut a, 0, count, d, op, 1, 0, 0, 2)?;
+            gpu.fill_input(&mut b, 0, count, d, op, 1, 0, 1, 2)?;
+            let t = time(&mut gpu, &mut |g| {
+                Ok(g.reduce(&mut dst, &a, &b, count, d, op)?)
+            })?;
+            out.push(bench_row(
+                &format!("reduce {}", op.name()),
+                d.name(),
+                3 * count * d.size(),
+                t,
+                copy_gbs,
+            ));
+        }
+        Ok(out)
+    }
+
+    impl DeviceMem {
+        /// Selects (nccl-tests' rule) and opens this rank's device.
+        pub fn open(local_rank: usize, gpus: u32) -> Result<DeviceMem> {
+            let visible = busbw_collectives::cuda::device::device_count()?;
+            let env = std::env::var("NCCL_TESTS_DEVICE").ok();
+            let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            // One thread per process; -g is 1 (the plan refuses more).
+            let _ = gpus;
+            let choice = select_device(
+                Slot::single(local_rank),
+                visible,
+                env.as_deref(),
+                cvd.as_deref(),
+            )?;
+            let gpu = Gpu::open(choice.index)?;
+            let timer = gpu.timer()?;
+            let (send, recv) = (gpu.alloc(1)?, gpu.alloc(1)?);
+            let (hsend, hrecv) = (gpu.alloc_pinned(1)?, gpu.alloc_pinned(1)?);
+            Ok(DeviceMem {
+                gpu,
+                timer,
+                send,
+                recv,
+                expected: None,
+                hsend,
+                hrecv,
+            })
+        }
+
+        pub fn line(&self) -> GpuLine {
+            let i = self.gpu.info();
+            GpuLine {
+                index: i.index,
+                pci: i.pci.clone(),
+                name: i.name.clone(),
+            }
+        }
+
+        /// How device data reaches `transport`, in words (printed once by rank 0).
+        pub fn path(&self, transport: &str) -> String {
+            let staged = gpudirect::DevicePath::Staged.describe();
+            let could = gpudirect::choose(
+                transport.contains("verbs") || transport == "auto",
+                std::path::Path::new("/sys"),
+                self.gpu.info().dmabuf,
+            );
+            match could {
+                gpudirect::DevicePath::Staged => staged.to_string(),
+                // The verbs transport registers host memory only so far (docs/cuda.md).
+                p => format!(
+                    "{staged}; {} is available to RDMA peers, but the verbs transport does not register device memory yet",
+                    p.describe()
+                ),
+            }
+        }
+
+        pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
+            let g = &self.gpu;
+            let what = |b: usize, w: &str| format!("allocating {b} bytes of {w} memory; lower -e");
+            self.send = g.alloc(send).with_context(|| what(send, "device send"))?;
+            self.recv = g
+                .alloc(recv)
+                .with_context(|| what(recv, "device receive"))?;
+            self.hsend = g
+                .alloc_pinned(send)
+                .with_context(|| what(send, "pinned send"))?;
+            self.hrecv = g
+                .alloc_pinned(recv)
+                .with_context(|| what(recv, "pinned receive"))?;
+            if check {
+                self.expected = Some(
+                    g.alloc(recv)
+                        .with_context(|| what(recv, "device expected"))?,
+                );
+            }
+            Ok(())
+        }
+
+        /// Buffer-offset rotations that fit (as the host path computes them).
+        pub fn shifts(&self, span: usize) -> usize {
+            self.send
+                .len()
+                .max(self.recv.len())
+                .checked_div(span)
+                .unwrap_or(1)
+                .max(1)
+        }
+
+        /// One operation on device data: stage the input out, run, stage the result in.
+        /// Returns the CUDA-event time of the whole when `timed`.
+        pub fn op(
+            &mut self,
+            comm: &mut Communicator,
+            run: RunFn,
+            ctx: &DataCtx,
+            soff: usize,
+            roff: usize,
+            timed: bool,
+        ) -> Result<Option<f64>> {
+            let (sb, rb) = (ctx.counts.send_bytes, ctx.counts.recv_bytes);
+            let span = sb.max(rb);
+            let soff = soff.min(self.send.len().saturating_sub(sb));
+            let roff = roff.min(self.recv.len().saturating_sub(span));
+            if timed {
+                self.timer.start(&self.gpu)?;
+            }
+            let hs = self.hsend.as_mut_slice()?;
+            let hr = self.hrecv.as_mut_slice()?;
+            if ctx.in_place {
+                self.gpu
+                    .download(&mut hr[..span], &self.recv, roff, STAGE_CHUNK)?;
+            } else {
+                self.gpu
+                    .download(&mut hs[..sb], &self.send, soff, STAGE_CHUNK)?;
+            }
+            run(comm, &hs[..sb], &mut hr[..span], ctx)?;
+            self.gpu
+                .upload(&mut self.recv, roff, &hr[..span], STAGE_CHUNK)?;
+            if timed {
+                self.timer.stop(&self.gpu)?;
+                return Ok(Some(self.timer.elapsed_s()?));
+            }
+            Ok(None)
+        }
+
+        /// One validation run: the descriptor's data made on the device (generator
+        /// kernels), the operation, and the `#wrong` count computed on the device: only the
+        /// count crosses PCIe.
+        pub fn validate(
+            &mut self,
+            comm: &mut Communicator,
+            init: InitFn,
+            run: RunFn,
+            ctx: &DataCtx,
+            checked: Range<usize>,
+            corrupt: bool,
+        ) -> Result<u64> {
+            let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
+            // The pinned twin too: out of place, the staged result is uploaded whole, and
+            // what the collective leaves alone (a non-root's receive buffer) must stay zero.
+            self.gpu.zero(&mut self.recv, 0, span)?;
+            self.hrecv.as_mut_slice()?[..span].fill(0);
+            let mut f = DeviceFill {
+                gpu: &mut self.gpu,
+                dtype: ctx.dtype,
+                send: &mut self.send,
+                recv: &mut self.recv,
+                expected: self.expected.as_mut(),
+                err: None,
+            };
+            init(ctx, &mut f);
+            if let Some(e) = f.err {
+                return Err(e).context("making validation data on the device");
+            }
+            self.op(comm, run, ctx, 0, 0, false)?;
+            if corrupt && !checked.is_empty() {
+                let hr = self.hrecv.as_mut_slice()?;
+                let at = checked.start;
+                self.gpu.download(&mut hr[at..at + 1], &self.recv, at, 1)?;
+                hr[at] ^= 0x01;
+                let b = [hr[at]];
+                self.gpu.upload(&mut self.recv, at, &b, 1)?;
+            }
+            let elen = checked.len();
+            let Some(de) = &self.expected else {
+                return Ok(0);
+            };
+            let es = ctx.dtype.size();
+            Ok(self.gpu.count_wrong(
+                &self.recv,
+                checked.start,
+                de,
+                0,
+                elen / es,
+                ctx.dtype,
+                ctx.op,
+            )?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lines_round_trip_the_rendezvous_encoding() {
+        let l = GpuLine {
+            index: 3,
+            pci: "0000:07:00".into(),
+            name: "NVIDIA H100\t80GB HBM3".into(),
+        };
+        let back = GpuLine::decode(&l.encode()).unwrap();
+        assert_eq!(back.index, 3);
+        assert_eq!(back.pci, "0000:07:00");
+        assert_eq!(back.name, "NVIDIA H100 80GB HBM3");
+        assert_eq!(GpuLine::decode("x\t0000:00:00\tname"), None);
+        assert_eq!(GpuLine::decode("1\tonly-two"), None);
+    }
+
+    #[test]
+    fn the_kernel_table_gives_bandwidth_and_share_of_the_copy() {
+        let h = bench_header("device 0 [0000:07:00] GPU", 1 << 20, 5);
+        assert!(h[0].contains("1048576 bytes per operand"));
+        // 3 MB in 1 ms = 3 GB/s, half of a 6 GB/s copy.
+        let r = bench_row("reduce sum", "half", 3_000_000, 1e-3, 6.0);
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(f, ["reduce", "sum", "half", "1000.0", "3.0", "50%"]);
+        assert_eq!(h[1].split_whitespace().count(), 7);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_feature_opening_a_device_says_how_to_get_one() {
+        let e = DeviceMem::open(0, 1).err().expect("no CUDA in this build");
+        let m = e.to_string();
+        assert!(
+            m.contains("--features cuda") && m.contains("drop -g"),
+            "{m}"
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn with_the_feature_opening_a_device_works_or_says_why_not() {
+        match DeviceMem::open(0, 1) {
+            Ok(d) => assert!(!d.line().name.is_empty()),
+            Err(e) => {
+                let m = format!("{e:#}");
+                eprintln!("SKIP device test: {m}");
+                assert!(
+                    m.contains("run without -g")
+                        || m.contains("Invalid number of GPUs")
+                        || m.contains("CUDA driver call failed"),
+                    "{m}"
+                );
+            }
+        }
+    }
+}

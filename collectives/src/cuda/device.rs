@@ -1,0 +1,470 @@
+//! The driver side (feature `cuda`): a context per rank, device buffers, the NVRTC-compiled
+//! kernels of [`super::kernels`], pinned staging memory and CUDA events. Every entry point
+//! probes for the libraries first ([`super::probe`]) because cudarc panics when one is
+//! missing.
+
+use super::kernels::{self, Kernel};
+use super::probe::{probe, ProbeError};
+use super::select::pci_bus_id;
+use crate::dtype::{DataType, ReduceOp};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error("CUDA driver call failed while {what}: {err}")]
+    Driver { what: String, err: DriverError },
+    #[error("NVRTC could not compile the {dtype} kernels: {log}")]
+    Compile { dtype: DataType, log: String },
+    #[error("a CUDA buffer of {len} bytes cannot hold {need} bytes at offset {offset}")]
+    Range {
+        len: usize,
+        offset: usize,
+        need: usize,
+    },
+}
+
+fn drv<T>(what: impl Into<String>, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|err| CudaError::Driver {
+        what: what.into(),
+        err,
+    })
+}
+
+/// Number of devices the driver shows (after `CUDA_VISIBLE_DEVICES`).
+pub fn device_count() -> Result<usize, CudaError> {
+    probe()?;
+    Ok(drv("counting devices", CudaContext::device_count())?.max(0) as usize)
+}
+
+/// What the `Using devices` block and the path line print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub index: usize,
+    pub name: String,
+    /// `dddd:bb:dd`.
+    pub pci: String,
+    pub sm_count: u32,
+    pub dmabuf: bool,
+    pub total_mem: usize,
+}
+
+/// One rank's device: context, a compute stream, a copy stream for staging, and the kernel
+/// modules compiled so far (one per element type, on first use).
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    info: GpuInfo,
+    modules: HashMap<DataType, Arc<CudaModule>>,
+    wrong: CudaSlice<u64>,
+}
+
+/// Device memory of one buffer (send, receive or expected).
+pub struct DeviceBuffer {
+    mem: CudaSlice<u8>,
+}
+
+impl DeviceBuffer {
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+    fn check(&self, offset: usize, need: usize) -> Result<(), CudaError> {
+        if offset
+            .checked_add(need)
+            .map_or(true, |end| end > self.len())
+        {
+            return Err(CudaError::Range {
+                len: self.len(),
+                offset,
+                need,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Page-locked host memory for staging device data to TCP and shared memory.
+pub struct Pinned {
+    mem: PinnedHostSlice<u8>,
+}
+
+impl Pinned {
+    pub fn as_slice(&self) -> Result<&[u8], CudaError> {
+        drv("reading pinned memory", self.mem.as_slice())
+    }
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], CudaError> {
+        drv("writing pinned memory", self.mem.as_mut_slice())
+    }
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+}
+
+/// A start/stop pair of timing events on the compute stream.
+pub struct EventTimer {
+    start: CudaEvent,
+    stop: CudaEvent,
+}
+
+impl EventTimer {
+    pub fn start(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        drv("recording the start event", self.start.record(&gpu.stream))
+    }
+    pub fn stop(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        drv("recording the stop event", self.stop.record(&gpu.stream))
+    }
+    /// Seconds between the two events; waits for the stop event.
+    pub fn elapsed_s(&self) -> Result<f64, CudaError> {
+        drv("waiting for the stop event", self.stop.synchronize())?;
+        let ms = drv("reading event time", self.start.elapsed_ms(&self.stop))?;
+        Ok(ms as f64 / 1e3)
+    }
+}
+
+impl Gpu {
+    /// Opens device `index` (an index among the visible devices).
+    pub fn open(index: usize) -> Result<Gpu, CudaError> {
+        probe()?;
+        let ctx = drv(format!("opening device {index}"), CudaContext::new(index))?;
+        // One stream per purpose and explicit synchronisation: cudarc's per-launch event
+        // tracking would add an event record to every timed kernel.
+        // SAFETY: called before any allocation or launch on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let attr = |a| drv("reading a device attribute", ctx.attribute(a));
+        let pci = pci_bus_id(
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)? as u32,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)? as u32,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)? as u32,
+        );
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let dmabuf =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED).unwrap_or(0) != 0;
+        let info = GpuInfo {
+            index,
+            name: drv("reading the device name", ctx.name())?,
+            pci,
+            sm_count,
+            dmabuf,
+            total_mem: drv("reading the memory size", ctx.total_mem())?,
+        };
+        let stream = drv("creating a stream", ctx.new_stream())?;
+        let copy = drv("creating the copy stream", ctx.new_stream())?;
+        let wrong = drv("allocating the wrong counter", stream.alloc_zeros::<u64>(1))?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            copy,
+            info,
+            modules: HashMap::new(),
+            wrong,
+        })
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer, CudaError> {
+        let mem = drv(
+            format!("allocating {len} bytes of device memory"),
+            self.stream.alloc_zeros::<u8>(len.max(1)),
+        )?;
+        Ok(DeviceBuffer { mem })
+    }
+
+    /// Page-locked host memory, portable across contexts.
+    pub fn alloc_pinned(&self, len: usize) -> Result<Pinned, CudaError> {
+        // SAFETY: u8 has no invalid bit patterns; the memory is zeroed below before use.
+        let mut mem = drv(format!("allocating {len} bytes of pinned memory"), unsafe {
+            self.ctx.alloc_pinned_with_flags::<u8>(
+                len.max(1),
+                cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        })?;
+        drv("zeroing pinned memory", mem.as_mut_slice())?.fill(0);
+        Ok(Pinned { mem })
+    }
+
+    pub fn timer(&self) -> Result<EventTimer, CudaError> {
+        let ev = || {
+            drv(
+                "creating a timing event",
+                self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+            )
+        };
+        Ok(EventTimer {
+            start: ev()?,
+            stop: ev()?,
+        })
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        drv("waiting for the device", self.stream.synchronize())?;
+        drv("waiting for the copy stream", self.copy.synchronize())
+    }
+
+    fn function(
+        &mut self,
+        k: Kernel,
+        d: DataType,
+        op: ReduceOp,
+    ) -> Result<CudaFunction, CudaError> {
+        if !self.modules.contains_key(&d) {
+            let opts = CompileOptions {
+                fmad: Some(false),
+                options: vec!["--std=c++14".into(), "-default-device".into()],
+                ..Default::default()
+            };
+            let ptx = compile_ptx_with_opts(kernels::module_source(d), opts).map_err(|e| {
+                CudaError::Compile {
+                    dtype: d,
+                    log: e.to_string(),
+                }
+            })?;
+            let m = drv(
+                format!("loading the {d} kernels"),
+                self.ctx.load_module(ptx),
+            )?;
+            self.modules.insert(d, m);
+        }
+        let name = kernels::kernel_name(k, d, op);
+        let m = &self.modules[&d];
+        drv(format!("finding kernel {name}"), m.load_function(&name))
+    }
+
+    fn cfg(&self, count: usize) -> LaunchConfig {
+        let (blocks, threads) = kernels::launch_dims(count as u64, self.info.sm_count);
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Launches a generator `k` writing `count` elements of `buf[offset..]`; `args` follow
+    /// the output pointer and the count.
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &mut self,
+        k: Kernel,
+        buf: &mut DeviceBuffer,
+        offset: usize,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+        args: &[u64],
+    ) -> Result<(), CudaError> {
+        buf.check(offset, count * d.size())?;
+        let f = self.function(k, d, op)?;
+        let cfg = self.cfg(count);
+        let mut view = buf.mem.slice_mut(offset..);
+        let c = count as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut view).arg(&c);
+        for a in args {
+            b.arg(a);
+        }
+        // SAFETY: the kernel writes `count` elements from `offset`, checked above; `args`
+        // match the kernel's parameters (kernels.rs documents them per kernel).
+        drv(format!("launching {k:?}"), unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `rank`'s verifiable input for elements `first ..` into `buf[offset..]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill_input(
+        &mut self,
+        buf: &mut DeviceBuffer,
+        offset: usize,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+        seed: u64,
+        first: u64,
+        rank: usize,
+        nranks: usize,
+    ) -> Result<(), CudaError> {
+        let args = [seed, first, rank as u64, nranks as u64];
+        self.generate(Kernel::FillInput, buf, offset, count, d, op, &args)
+    }
+
+    /// The reduction over `nranks` ranks of elements `first ..` into `buf[offset..]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill_expected(
+        &mut self,
+        buf: &mut DeviceBuffer,
+        offset: usize,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+        seed: u64,
+        first: u64,
+        nranks: usize,
+    ) -> Result<(), CudaError> {
+        let args = [seed, first, nranks as u64];
+        self.generate(Kernel::FillExpected, buf, offset, count, d, op, &args)
+    }
+
+    /// Elements of `got[goff..]` whose bits differ from `want[woff..]` (nccl-tests' `#wrong`);
+    /// only the count crosses PCIe.
+    #[allow(clippy::too_many_arguments)]
+    pub fn count_wrong(
+        &mut self,
+        got: &DeviceBuffer,
+        goff: usize,
+        want: &DeviceBuffer,
+        woff: usize,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+    ) -> Result<u64, CudaError> {
+        got.check(goff, count * d.size())?;
+        want.check(woff, count * d.size())?;
+        let f = self.function(Kernel::CountWrong, d, op)?;
+        let cfg = self.cfg(count);
+        drv(
+            "zeroing the wrong counter",
+            self.stream.memset_zeros(&mut self.wrong),
+        )?;
+        let (g, w) = (got.mem.slice(goff..), want.mem.slice(woff..));
+        let c = count as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&g).arg(&w).arg(&c).arg(&mut self.wrong);
+        // SAFETY: reads `count` elements of each, checked above; one u64 counter.
+        drv("launching count_wrong", unsafe { b.launch(cfg) })?;
+        let v = drv(
+            "reading the wrong count",
+            self.stream.clone_dtoh(&self.wrong),
+        )?;
+        Ok(v.first().copied().unwrap_or(0))
+    }
+
+    /// `dst[doff..] = a[aoff..] op b[boff..]` for `count` elements, on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &mut self,
+        dst: &mut DeviceBuffer,
+        a: &DeviceBuffer,
+        b: &DeviceBuffer,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CudaError> {
+        let bytes = count * d.size();
+        dst.check(0, bytes)?;
+        a.check(0, bytes)?;
+        b.check(0, bytes)?;
+        let f = self.function(Kernel::Reduce, d, op)?;
+        let cfg = self.cfg(count);
+        let c = count as u64;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&mut dst.mem).arg(&a.mem).arg(&b.mem).arg(&c);
+        // SAFETY: `count` elements of each buffer, checked above.
+        drv("launching reduce", unsafe { l.launch(cfg) }).map(|_| ())
+    }
+
+    /// `dst = dst op src` in place: the reduction the ring applies to a received chunk.
+    pub fn reduce_inplace(
+        &mut self,
+        dst: &mut DeviceBuffer,
+        src: &DeviceBuffer,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CudaError> {
+        let bytes = count * d.size();
+        dst.check(0, bytes)?;
+        src.check(0, bytes)?;
+        let f = self.function(Kernel::Reduce, d, op)?;
+        let cfg = self.cfg(count);
+        let c = count as u64;
+        let ptr = {
+            use cudarc::driver::DevicePtr;
+            let (p, _sync) = dst.mem.device_ptr(&self.stream);
+            p
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&ptr).arg(&ptr).arg(&src.mem).arg(&c);
+        // SAFETY: dst is both output and first operand (the kernel reads a[i] before it
+        // writes dst[i], same index); sizes checked above.
+        drv("launching reduce in place", unsafe { l.launch(cfg) }).map(|_| ())
+    }
+
+    /// Device-to-device copy of `len` bytes on the compute stream (the bandwidth reference
+    /// for the reduction kernels).
+    pub fn copy_dtod(
+        &self,
+        dst: &mut DeviceBuffer,
+        src: &DeviceBuffer,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        dst.check(0, len)?;
+        src.check(0, len)?;
+        let s = src.mem.slice(..len);
+        let mut d = dst.mem.slice_mut(..len);
+        drv(
+            "copying device to device",
+            self.stream.memcpy_dtod(&s, &mut d),
+        )
+    }
+
+    pub fn zero(&self, buf: &mut DeviceBuffer, offset: usize, len: usize) -> Result<(), CudaError> {
+        buf.check(offset, len)?;
+        let mut v = buf.mem.slice_mut(offset..offset + len);
+        drv("zeroing device memory", self.stream.memset_zeros(&mut v))
+    }
+
+    /// Host to device, `len` bytes from `src[..len]` to `dst[offset..]`, in `chunk`-byte
+    /// pieces alternating between the compute and copy streams so consecutive pieces overlap
+    /// on the two copy engines. Returns when all have landed.
+    pub fn upload(
+        &self,
+        dst: &mut DeviceBuffer,
+        offset: usize,
+        src: &[u8],
+        chunk: usize,
+    ) -> Result<(), CudaError> {
+        dst.check(offset, src.len())?;
+        let chunk = chunk.max(1);
+        for (k, piece) in src.chunks(chunk).enumerate() {
+            let at = offset + k * chunk;
+            let s = if k % 2 == 0 { &self.stream } else { &self.copy };
+            let mut d = dst.mem.slice_mut(at..at + piece.len());
+            drv("copying host to device", s.memcpy_htod(piece, &mut d))?;
+        }
+        self.synchronize()
+    }
+
+    /// Device to host, the mirror of [`Gpu::upload`]: `dst.len()` bytes from `src[offset..]`.
+    pub fn download(
+        &self,
+        dst: &mut [u8],
+        src: &DeviceBuffer,
+        offset: usize,
+        chunk: usize,
+    ) -> Result<(), CudaError> {
+        src.check(offset, dst.len())?;
+        let chunk = chunk.max(1);
+        for (k, piece) in dst.chunks_mut(chunk).enumerate() {
+            let at = offset + k * chunk;
+            let s = if k % 2 == 0 { &self.stream } else { &self.copy };
+            let v = src.mem.slice(at..at + piece.len());
+            drv("copying device to host", s.memcpy_dtoh(&v, piece))?;
+        }
+        self.synchronize()
+    }
+}

@@ -1,0 +1,18 @@
+//! CUDA device buffers.
+//!
+//! Everything that can be decided or checked without a GPU is always compiled, so the default
+//! build tests it: the kernel sources ([`kernels`], checked against the host generators by
+//! building them as host C++), the driver probe ([`probe`]), device selection ([`select`]) and
+//! the GPUDirect RDMA check ([`gpudirect`]). The driver calls themselves ([`device`]) need
+//! feature `cuda` (cudarc, loaded at run time, so the build needs no CUDA toolkit either).
+
+pub mod gpudirect;
+pub mod kernels;
+pub mod probe;
+pub mod select;
+
+#[cfg(feature = "cuda")]
+pub mod device;
+
+pub use probe::{probe, CudaLibs, ProbeError};
+pub use select::{select_device, DeviceChoice, SelectError, Slot};
