@@ -1148,3 +1148,160 @@ fn shell_scripts_parse() {
         );
     }
 }
+
+/// The nightly's runner, end to end with a stand-in `kubectl` that "runs" the gang job by
+/// dropping a real run record where the job would write it: the first run becomes the
+/// baseline, a run 50 % slower fails with `compare`'s exit 8 and leaves the baseline alone,
+/// and a good run after it passes and is promoted.
+#[test]
+fn nightly_runner_keeps_the_last_good_baseline() {
+    let out = render(
+        &[
+            "--scheduler",
+            "volcano",
+            "--nightly",
+            "--report-pvc",
+            "r",
+            "-o",
+            "json",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cm = docs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("the nightly ConfigMap")
+        .clone();
+    let dir = tmp("nightly");
+    let (results, etc, bin) = (dir.join("results"), dir.join("etc"), dir.join("bin"));
+    for d in [&results, &etc, &bin] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let script = cm["data"]["run.sh"]
+        .as_str()
+        .unwrap()
+        .replace("/results", &results.display().to_string())
+        .replace("/etc/busbw", &etc.display().to_string());
+    std::fs::write(dir.join("run.sh"), script).unwrap();
+    std::fs::write(
+        etc.join("job.yaml"),
+        cm["data"]["job.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
+
+    // A real record (two ranks: one rank has no bus bandwidth to compare) plays the job's
+    // output; a copy at half the bandwidth plays a regression.
+    let good = dir.join("good.json");
+    let o = Command::new(BUSBW)
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "2",
+        ])
+        .arg("--export-json")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let mut rec: Value = serde_json::from_slice(&std::fs::read(&good).unwrap()).unwrap();
+    for row in rec["rows"].as_array_mut().unwrap() {
+        for cell in ["out_of_place", "in_place"] {
+            let c = &mut row[cell];
+            for k in ["algbw", "busbw"] {
+                let v = c[k].as_f64().unwrap();
+                c[k] = serde_json::json!(v / 2.0);
+            }
+            let t = c["time_us"].as_f64().unwrap();
+            c["time_us"] = serde_json::json!(t * 2.0);
+        }
+    }
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, serde_json::to_vec(&rec).unwrap()).unwrap();
+
+    let kubectl = bin.join("kubectl");
+    std::fs::write(
+        &kubectl,
+        format!(
+            "#!/bin/sh\n\
+             case \"$1\" in\n\
+             create) cat >> '{created}' ;;\n\
+             get) run=${{3#busbw-nightly-}}; cp \"$NEXT_RECORD\" '{runs}'/\"$run\".json; echo Completed ;;\n\
+             *) ;;\n\
+             esac\n",
+            created = dir.join("created.yaml").display(),
+            runs = results.join("runs").display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let busbw_dir = Path::new(BUSBW).parent().unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        busbw_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let night = |record: &Path| {
+        // Run ids are the UTC second: keep two runs from sharing one.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        Command::new("sh")
+            .arg(dir.join("run.sh"))
+            .env("PATH", &path)
+            .env("JOB_PREFIX", "busbw-nightly")
+            .env("THRESHOLD", "5%")
+            .env("WAIT_SECONDS", "60")
+            .env("NEXT_RECORD", record)
+            .output()
+            .unwrap()
+    };
+    let baseline = results.join("baseline.json");
+    let first = night(&good);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(text(&first.stdout).contains("becomes the baseline"));
+    assert_eq!(
+        std::fs::read(&baseline).unwrap(),
+        std::fs::read(&good).unwrap()
+    );
+    let created = std::fs::read_to_string(dir.join("created.yaml")).unwrap();
+    assert!(created.contains("name: busbw-nightly-2") && !created.contains("@RUN@"));
+
+    let slow = night(&bad);
+    assert_eq!(slow.status.code(), Some(8), "{}", text(&slow.stderr));
+    assert!(
+        text(&slow.stderr).contains("baseline kept"),
+        "{}",
+        text(&slow.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&baseline).unwrap(),
+        std::fs::read(&good).unwrap(),
+        "a regression must not become the baseline"
+    );
+
+    let again = night(&good);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    let runs: Vec<_> = std::fs::read_dir(results.join("runs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        runs.iter().filter(|n| n.ends_with(".json")).count(),
+        3,
+        "{runs:?}"
+    );
+    assert!(runs.iter().any(|n| n.ends_with(".compare.md")), "{runs:?}");
+}
