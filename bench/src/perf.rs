@@ -133,7 +133,10 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
     };
-    match local::run_with_token(&launch, token) {
+    // Without a token of the user's, a fresh random one: the ranks' loopback ports and shared
+    // memory sockets are reachable by every local user, who must not be able to join.
+    let generated = busbw_transports::auth::hex(&busbw_transports::auth::nonce());
+    match local::run_with_token(&launch, Some(token.unwrap_or(&generated))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("busbw: error: {e}");

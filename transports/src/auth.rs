@@ -179,6 +179,25 @@ impl DataGate {
         &self.challenge
     }
 
+    /// The handle field that publishes the challenge, with its leading space.
+    pub fn handle_field(&self) -> String {
+        format!(" auth={}", hex(&self.challenge))
+    }
+
+    /// Reads the tail that follows `hello` on `stream` (whose read timeout bounds the wait)
+    /// and checks it: the one call a listener's handshake makes.
+    pub fn read_and_check(
+        &self,
+        mut stream: impl std::io::Read,
+        hello: &[u8],
+    ) -> Result<(), String> {
+        let mut tail = [0u8; DATA_TAIL_LEN];
+        stream
+            .read_exact(&mut tail)
+            .map_err(|e| format!("no authentication after the hello ({e})"))?;
+        self.check(hello, &tail)
+    }
+
     /// Checks the tail a connection sent after `hello`. `Err` says why in words for the
     /// refusal line.
     pub fn check(&self, hello: &[u8], tail: &[u8]) -> Result<(), String> {
@@ -192,6 +211,24 @@ impl DataGate {
         }
         Ok(())
     }
+}
+
+/// The connecting side's one call: the tail for `hello` sent to the listener of `handle`, with
+/// the key of data-plane job id `job`.
+pub fn tail_for(handle: &[u8], job: u64, hello: &[u8]) -> Result<[u8; DATA_TAIL_LEN], String> {
+    let challenge = challenge_in(handle)?;
+    Ok(data_tail(&data_key(job), &challenge, hello))
+}
+
+/// The challenge a listener published in its text handle (`... auth=<32 hex digits>`).
+pub fn challenge_in(handle: &[u8]) -> Result<[u8; NONCE_LEN], String> {
+    let text = std::str::from_utf8(handle).map_err(|_| "handle is not UTF-8".to_string())?;
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("auth="))
+        .and_then(unhex::<NONCE_LEN>)
+        .ok_or_else(|| {
+            format!("handle {text:?} carries no auth= challenge (a peer of an older busbw build?)")
+        })
 }
 
 /// The stateless part of [`DataGate::check`], also the fuzz entry point.

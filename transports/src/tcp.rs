@@ -11,6 +11,7 @@
 //! a rank's sends and receives advance together and the ring can never deadlock on a full
 //! socket buffer.
 
+use crate::auth;
 use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
 use crate::{
@@ -196,11 +197,14 @@ impl Transport for TcpTransport {
         };
         let addr = SocketAddr::new(ip, local.port());
         listener.set_nonblocking(true)?;
+        let gate = auth::DataGate::new(self.identity.job);
         let handle =
             Handle(format!("{HANDLE_PREFIX} rank={} addr={addr}", self.identity.rank).into_bytes());
+        let handle = Handle([handle.0, gate.handle_field().into_bytes()].concat());
         Ok((
             handle,
             Box::new(TcpListenerComm {
+                gate,
                 listener,
                 identity: self.identity,
                 config: self.config.clone(),
@@ -228,10 +232,13 @@ impl Transport for TcpTransport {
         hello[12..16].copy_from_slice(&self.identity.rank.to_le_bytes());
         hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
         hello[24..28].copy_from_slice(&channel.to_le_bytes());
+        let tail = auth::tail_for(&handle.0, self.identity.job, &hello)
+            .map_err(TransportError::BadHandle)?;
         let mut s = &stream;
         s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
             .map_err(io_err)?;
-        s.write_all(&hello).map_err(io_err)?;
+        s.write_all(&[&hello[..], &tail[..]].concat())
+            .map_err(io_err)?;
         stream.set_nonblocking(true).map_err(io_err)?;
         Ok(Box::new(TcpSendComm {
             slots: Slots::new(self.config.max_requests, peer),
@@ -242,6 +249,7 @@ impl Transport for TcpTransport {
 }
 
 struct TcpListenerComm {
+    gate: auth::DataGate,
     listener: TcpListener,
     identity: Identity,
     config: TcpConfig,
@@ -281,6 +289,9 @@ impl TcpListenerComm {
                 "rank {} belongs to another job or has another job token",
                 word(12..16)
             )));
+        }
+        if let Err(why) = self.gate.read_and_check(s, &hello) {
+            return Ok(Err(format!("claims to be rank {}: {why}", word(12..16))));
         }
         Ok(Ok((word(12..16) as u32, word(24..28) as u32)))
     }
