@@ -251,6 +251,21 @@ pub fn check_tail(
     Ok(())
 }
 
+/// The data-connection handshake as a listener checks it, on arbitrary bytes: the first byte
+/// says how much of the rest is the handle text, the remainder is the hello and its tail. The
+/// fuzz targets' entry point (`fuzz/`, and its stable twin below): whatever the bytes, this
+/// returns, and nothing but a proof made with the key verifies.
+#[doc(hidden)]
+pub fn fuzz_data_hello(data: &[u8]) -> Result<(), String> {
+    let (&n, rest) = data.split_first().ok_or("empty")?;
+    let (handle, wire) = rest.split_at((n as usize).min(rest.len()));
+    let challenge = challenge_in(handle)?;
+    let hello_len = wire.len().saturating_sub(DATA_TAIL_LEN);
+    let (hello, tail) = wire.split_at(hello_len);
+    let key = Key::from_token(Some("fuzz"));
+    check_tail(&key, &challenge, hello, tail)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +313,39 @@ mod tests {
         assert!(gate.check(&[8u8; 32], &fresh).is_err());
         assert!(gate.check(&hello, &fresh[..40]).is_err());
         assert_eq!(gate.check(&hello, &fresh), Ok(()));
+    }
+
+    /// The stable twin of `fuzz/fuzz_targets/data_hello.rs`: random and mutated inputs.
+    #[test]
+    fn random_and_mutated_data_hellos_never_verify_or_panic() {
+        let handle = format!(
+            "busbw-tcp/1 rank=1 addr=127.0.0.1:9{}",
+            DataGate::new(1).handle_field()
+        );
+        let mut seed = handle.len() as u8 as u64 | 0x5eed << 8;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut base = vec![handle.len() as u8];
+        base.extend_from_slice(handle.as_bytes());
+        base.extend_from_slice(&[0u8; 32 + DATA_TAIL_LEN]);
+        for i in 0..20_000 {
+            let mut d = base.clone();
+            match i % 3 {
+                0 => d.truncate((next() as usize) % (d.len() + 1)),
+                1 => {
+                    for _ in 0..1 + next() % 8 {
+                        let at = (next() as usize) % d.len();
+                        d[at] = next() as u8;
+                    }
+                }
+                _ => d = (0..next() % 200).map(|_| next() as u8).collect(),
+            }
+            assert!(fuzz_data_hello(&d).is_err(), "input {i} verified: {d:?}");
+        }
     }
 
     #[test]
