@@ -477,6 +477,9 @@ fn handshake(
         &[&client_nonce, server_nonce],
         server_proof,
     ) {
+        // Tell the server so in its terms (a proof that cannot verify), so that a real store
+        // of another job logs the refusal; nothing about our key goes out.
+        let _ = s.write_all(&[0u8; auth::PROOF_LEN]);
         return Err(HandshakeError::Fatal(StoreError::WrongToken {
             addr: addr.to_string(),
         }));

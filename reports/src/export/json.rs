@@ -85,7 +85,8 @@ mod tests {
                 1 => {
                     for _ in 0..1 + next() % 4 {
                         let at = (next() as usize) % d.len();
-                        d[at] = b" {}[],:\"0-9eE.a"[(next() % 16) as usize];
+                        let junk = b" {}[],:\"0-9eE.a";
+                        d[at] = junk[(next() as usize) % junk.len()];
                     }
                 }
                 _ => {
