@@ -18,7 +18,8 @@ RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.",
     after_help = "Examples:\n  busbw all_reduce_perf --np 4 -b 8 -e 128M -f 2\n  \
 busbw all_reduce_perf --np 8 -b 1M -e 1G -f 2 -d all -o sum --min-busbw 10\n\n\
 Exit codes: 0 ok, 1 internal error, 2 usage error, 3 a peer rank failed, 4 timeout (-T), \
-7 wrong data or average busbw under --min-busbw / NCCL_TESTS_MIN_BW, 8 `compare` found a regression."
+7 wrong data or average busbw under --min-busbw / NCCL_TESTS_MIN_BW, 8 `compare` found a regression, \
+143/130 stopped by SIGTERM/SIGINT (reports kept, marked incomplete). See docs/reliability.md."
 )]
 pub struct Cli {
     #[command(subcommand)]

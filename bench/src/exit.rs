@@ -16,3 +16,6 @@ pub const TIMEOUT: i32 = 4;
 pub const WRONG_RESULTS: i32 = 7;
 /// `busbw compare`: a row or tier got worse than the threshold allows.
 pub const REGRESSION: i32 = 8;
+// Stopped by SIGTERM (a pod eviction, `scancel`) or SIGINT: 128 + the signal, 143 or 130, as
+// a shell reports a process the signal killed; but the reports were written, marked
+// incomplete, and the others were told (`busbw_launchers::signal::exit_code`).

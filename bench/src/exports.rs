@@ -128,6 +128,7 @@ pub fn start_record(
     link_rate: Option<f64>,
 ) -> RunRecord {
     RunRecord {
+        complete: false,
         schema: SCHEMA.into(),
         schema_version: SCHEMA_VERSION,
         versions: Versions {

@@ -13,8 +13,11 @@ use crate::terminal::Terminal;
 use anyhow::{Context, Result};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::CommError;
+use busbw_launchers::signal;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
 use busbw_reports::{Footer, RunHeader, Sink, TextTable};
+use busbw_transports::Abort;
+use std::sync::{Arc, Mutex};
 
 /// The nccl-tests release whose output format and semantics we reproduce.
 pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
@@ -31,6 +34,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
 /// [`main`] with other per-rank work than the sweep (`busbw tiers`): the same launch,
 /// rendezvous, error reporting and exit codes.
 pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> i32 {
+    signal::install();
     let plan = match Plan::new(spec, args) {
         Ok(p) => p,
         Err(msg) => {
@@ -136,7 +140,10 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
     };
-    match local::run_with_token(&launch, token) {
+    // Without a token of the user's, a fresh random one: the ranks' loopback ports and shared
+    // memory sockets are reachable by every local user, who must not be able to join.
+    let generated = busbw_transports::auth::hex(&busbw_transports::auth::nonce());
+    match local::run_with_token(&launch, Some(token.unwrap_or(&generated))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("busbw: error: {e}");
@@ -271,6 +278,23 @@ fn is_abort(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A dead peer is usually seen first on the data path ("rank 3 closed the connection")
+/// although the root cause is elsewhere (rank 3 only left because rank 2 died). Give the
+/// control plane a moment to deliver the job's own account, so the message (and rank 0's
+/// report) names the culprit, not the messenger. `None` for an abort (it is the account), for
+/// this rank's own failure, or in a one-rank job.
+fn root_cause(session: &Session, e: &anyhow::Error) -> Option<String> {
+    // Our own failures (a full disk, a bug) have no other account to wait for.
+    if is_abort(e) || session.rdv.is_none() || classify(e) == exit::INTERNAL {
+        return None;
+    }
+    let until = std::time::Instant::now() + ROOT_CAUSE_WAIT;
+    while !session.abort.is_raised() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    session.abort.reason()
+}
+
 fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     if let Some(spec) = &args.socket_ifname {
         // Checked before joining, so that a typo is a usage error on the host that has it
@@ -295,6 +319,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     let rank = world.rank;
     let host = world.hostname.clone();
     let me = world.clone();
+    let _watch = SignalWatch::start(rank, host.clone());
     let session = if world.size == 1 && world.master_addr.is_empty() {
         Session::single(world, plan)
     } else {
@@ -311,13 +336,15 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
         Ok(s) => s,
         Err(e) => {
             eprintln!("busbw: rank {rank} on {host}: error: {e:#}");
-            return classify(&e);
+            return signal::received().map_or_else(|| classify(&e), signal::exit_code);
         }
     };
+    _watch.arm(session.abort.clone());
     match work(&mut session, plan, &me) {
         Ok(code) => code,
         Err(e) => {
-            let code = classify(&e);
+            let signalled = signal::received();
+            let code = signalled.map_or_else(|| classify(&e), signal::exit_code);
             let echo = is_abort(&e);
             let mut msg = format!("{e:#}");
             let mut diagnosed = false;
@@ -330,22 +357,19 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                     }
                 }
             }
-            if !echo && !diagnosed && code != exit::INTERNAL && session.rdv.is_some() {
-                // A dead peer is usually seen first on the data path ("rank 3 closed the
-                // connection") although the root cause is elsewhere (rank 3 only left because
-                // rank 2 died). Give the control plane a moment to deliver the job's own
-                // account, so the message names the culprit, not the messenger.
-                let until = std::time::Instant::now() + ROOT_CAUSE_WAIT;
-                while !session.abort.is_raised() && std::time::Instant::now() < until {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                if let Some(reason) = session.abort.reason() {
+            if !echo && !diagnosed && code != exit::INTERNAL {
+                if let Some(reason) = root_cause(&session, &e) {
                     msg = format!("{msg}\n  root cause reported by the job: {reason}");
                 }
             }
             eprintln!("busbw: rank {rank} on {host}: error: {msg}");
             if let Some(r) = &session.rdv {
-                if !session.abort.is_raised() {
+                if signalled.is_some() {
+                    // Our own abort: tell the others at once, in our words.
+                    if let Some(reason) = session.abort.reason() {
+                        let _ = r.post_abort(&reason);
+                    }
+                } else if !session.abort.is_raised() {
                     let _ = r.post_abort(&format!("rank {rank} on {host} failed: {e:#}"));
                 }
                 // Rank 0 serves the store: linger (bounded) so the others hear of the abort
@@ -354,6 +378,60 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
             }
             code
         }
+    }
+}
+
+/// Turns a caught SIGTERM/SIGINT into this job's abort naming this rank, its host and the
+/// signal; the data path notices the abort at its next wait, the sweep writes its reports
+/// marked incomplete and the error path broadcasts the abort. A signal before the job is
+/// joined (nothing measured, nothing to write) ends the process at once.
+struct SignalWatch {
+    armed: Arc<Mutex<Option<Abort>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SignalWatch {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+    fn start(rank: usize, host: String) -> SignalWatch {
+        let armed: Arc<Mutex<Option<Abort>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, st) = (armed.clone(), stop.clone());
+        let _ = std::thread::Builder::new()
+            .name("busbw-signals".into())
+            .spawn(move || {
+                while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(sig) = signal::received() {
+                        let what = format!(
+                            "rank {rank} on {host} received {} (pod eviction, job cancel or                              Ctrl-C): results so far are kept, marked incomplete",
+                            signal::name(sig)
+                        );
+                        match a.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                            Some(abort) => abort.raise(what),
+                            None => {
+                                eprintln!(
+                                    "busbw: rank {rank} on {host}: {} before the job was                                      joined: nothing measured, stopping",
+                                    signal::name(sig)
+                                );
+                                std::process::exit(signal::exit_code(sig));
+                            }
+                        }
+                        return;
+                    }
+                    std::thread::sleep(Self::POLL);
+                }
+            });
+        SignalWatch { armed, stop }
+    }
+
+    fn arm(&self, abort: Abort) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
+    }
+}
+
+impl Drop for SignalWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -413,7 +491,13 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, local_rank: usize)
                 Ok(s) => s,
                 Err(e) => {
                     if rank0 {
-                        table.fail(&format!("{e:#}"));
+                        let why = match root_cause(session, &e) {
+                            Some(cause) => {
+                                format!("{e:#}; root cause reported by the job: {cause}")
+                            }
+                            None => format!("{e:#}"),
+                        };
+                        table.fail(&why);
                     }
                     return Err(e);
                 }

@@ -213,6 +213,8 @@ impl Session {
         let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?
             ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
 
+        // Every data connection of this process (the job's, the tier groups') proves the token.
+        busbw_transports::auth::set_process_token(opts.token.as_deref());
         let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
         let tcp = opts.tcp((bind, advertise));
         let identity = Identity {

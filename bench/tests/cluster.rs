@@ -132,13 +132,13 @@ impl Cluster {
         c
     }
 
-    /// Node `i` fails: its link goes dark, then its processes are killed.
-    fn kill_node(&self, i: usize) {
+    /// `simcluster.sh <what> <name> <i>`: kill-node, link-down, link-up.
+    fn fault(&self, what: &str, i: usize) {
         let out = Command::new("bash")
-            .args([&script(), "kill-node", &self.name, &i.to_string()])
+            .args([&script(), what, &self.name, &i.to_string()])
             .output()
             .expect("run simcluster.sh");
-        assert!(out.status.success(), "kill-node: {}", text(&out.stderr));
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
     }
 }
 
@@ -712,6 +712,13 @@ fn mpi_4_nodes_x_2_ranks() {
 /// Node 2 of 4 (ranks 4 and 5) loses its network and its processes mid-run: every other
 /// process stops within -T, naming a rank of node 2 or the node.
 fn node_failure(style: Style, tag: &str, port: u16) {
+    node_fault(style, tag, port, "kill-node");
+}
+
+/// Node 2's fault `what` (simcluster.sh kill-node: the host vanishes; link-down: its cable is
+/// pulled, its processes live on) mid-run: every process on the other nodes stops within -T
+/// with exit 3 or 4, naming a rank of node 2 or the node.
+fn node_fault(style: Style, tag: &str, port: u16, what: &str) {
     const T: u64 = 10;
     // Detection is by -T (no progress), then the abort spreads and rank 0 lingers briefly so
     // the others hear it: allow that, and the scheduling noise of 2 cores, beyond -T.
@@ -726,7 +733,7 @@ fn node_failure(style: Style, tag: &str, port: u16) {
     job.start_all(&specs);
     job.wait_for_first_row(0, Duration::from_secs(60));
     let victim = 2;
-    c.kill_node(victim);
+    c.fault(what, victim);
     let killed = Instant::now();
     let survivors: Vec<usize> = (0..job.procs.len())
         .filter(|&i| job.procs[i].node != victim)
@@ -743,7 +750,7 @@ fn node_failure(style: Style, tag: &str, port: u16) {
         .map(|&i| format!("{}: {:.1} s", job.procs[i].label, secs_of(&job.procs[i])))
         .collect();
     eprintln!(
-        "{style:?}: survivors stopped {slowest:.1} s after node {victim} failed (-T {T}): {}",
+        "{style:?}: survivors stopped {slowest:.1} s after {what} of node {victim} (-T {T}): {}",
         each.join(", ")
     );
     let names = ["rank 4", "rank 5", "node2"];
@@ -784,6 +791,16 @@ fn node_failure_volcano() {
         return;
     }
     node_failure(Style::Volcano, "nfv", port(9));
+}
+
+/// The link of node 2 goes down while its ranks live: they cannot say anything, the others
+/// must notice the silence by -T and name them.
+#[test]
+fn link_down_torchrun() {
+    if !can_run("link_down_torchrun") {
+        return;
+    }
+    node_fault(Style::Torchrun, "ldt", port(0), "link-down");
 }
 
 // ---------------------------------------------------------------------------------------

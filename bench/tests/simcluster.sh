@@ -6,6 +6,8 @@
 #         [--blocks L,N [--tier-rates R0,R1,R2] [--throttle I,...]]   a topology (see below)
 #   simcluster.sh exec <name> <i> <cmd...>    run cmd on node i (its network, hostname node<i>)
 #   simcluster.sh kill-node <name> <i>        node i fails: its link goes dark, its processes die
+#   simcluster.sh link-down <name> <i>        node i's link goes down; its processes live on
+#   simcluster.sh link-up <name> <i>          and comes back
 #   simcluster.sh down <name>                 remove everything of <name> (idempotent)
 #   simcluster.sh addr <name> <i>             print node i's address
 #   simcluster.sh list                        clusters that exist now
@@ -31,7 +33,7 @@ set -euo pipefail
 
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 1; }
-usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,14s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 check_name() {
     [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
@@ -300,6 +302,16 @@ cmd_kill_node() {
     rm -rf -- "/etc/netns/$ns"
 }
 
+# A cable pulled or a switch port shut: both ends lose carrier, nothing is delivered either
+# way, and the node's processes keep running (they see their peers go silent too).
+cmd_link() {
+    local name=$1 i=$2 state=$3
+    check_name "$name"
+    check_index "$i"
+    node_exists "$name" "$i"
+    ip -n "$(sw_ns "$name")" link set "p$i" "$state"
+}
+
 cmd_addr() {
     check_name "$1"
     check_index "$2"
@@ -321,6 +333,8 @@ up) (($# >= 2)) || usage; cmd_up "$@" ;;
 down) (($# == 1)) || usage; cmd_down "$1" ;;
 exec) (($# >= 3)) || usage; cmd_exec "$@" ;;
 kill-node) (($# == 2)) || usage; cmd_kill_node "$1" "$2" ;;
+link-down) (($# == 2)) || usage; cmd_link "$1" "$2" down ;;
+link-up) (($# == 2)) || usage; cmd_link "$1" "$2" up ;;
 addr) (($# == 2)) || usage; cmd_addr "$1" "$2" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;

@@ -20,12 +20,14 @@
 //! - [`mod@rendezvous`]: joining the job, barriers, abort broadcast, orderly shutdown.
 //! - [`topology`]: node labels, their conventions and sources, and the tier model built on
 //!   them (for `busbw tiers`).
+//! - [`signal`]: SIGTERM/SIGINT caught and turned into an orderly, named abort.
 //! - [`local`]: the `--np N` launcher that runs a whole job on this host, and the
 //!   `--nproc-per-node G` launcher that runs this pod's share of a cluster job.
 
 pub mod detect;
 pub mod local;
 pub mod rendezvous;
+pub mod signal;
 pub mod store;
 pub mod token;
 pub mod topology;

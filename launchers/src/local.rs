@@ -272,7 +272,23 @@ fn supervise(
     drop(listener);
 
     let mut kill_at: Option<(Instant, usize)> = None;
+    let mut forwarded = None;
     loop {
+        if let (Some(sig), None) = (crate::signal::received(), forwarded) {
+            // An eviction reaches the launcher (PID 1 of the pod) only: pass it on so each
+            // rank writes its reports and says it was stopped, then give them the grace.
+            eprintln!(
+                "busbw: {} received: stopping {} rank(s)",
+                crate::signal::name(sig),
+                procs.iter().filter(|p| p.status.is_none()).count()
+            );
+            for p in procs.iter().filter(|p| p.status.is_none()) {
+                // SAFETY: kill on a child we spawned and have not reaped.
+                unsafe { libc::kill(p.pid as libc::pid_t, sig) };
+            }
+            forwarded = Some(sig);
+            kill_at.get_or_insert((Instant::now() + grace, procs[0].rank));
+        }
         for p in procs.iter_mut().filter(|p| p.status.is_none()) {
             let Some(status) = p.child.try_wait()? else {
                 continue;
@@ -280,6 +296,9 @@ fn supervise(
             p.status = Some(status);
             if status.success() || status.code().is_some_and(|c| outcome_codes.contains(&c)) {
                 continue;
+            }
+            if forwarded.is_some() {
+                continue; // stopping on our signal, as asked: not a failure to report
             }
             let what = describe(p.rank, p.pid, status);
             eprintln!("busbw: {what}");
@@ -332,6 +351,9 @@ fn supervise(
         }
     }
 
+    if let Some(sig) = forwarded {
+        return Ok(crate::signal::exit_code(sig));
+    }
     Ok(procs
         .iter()
         .filter(|p| !p.killed)
@@ -395,13 +417,19 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 fn describe(rank: usize, pid: u32, status: ExitStatus) -> String {
+    describe_on(rank, pid, &crate::hostname(), status)
+}
+
+/// The one line that names a rank that ended abnormally: rank, pid, host, what happened.
+fn describe_on(rank: usize, pid: u32, host: &str, status: ExitStatus) -> String {
+    let who = format!("rank {rank} (pid {pid} on {host})");
     match (status.code(), status.signal()) {
-        (Some(c), _) => format!("rank {rank} (pid {pid}) exited with code {c}"),
+        (Some(c), _) => format!("{who} exited with code {c}"),
         (None, Some(sig)) => match signal_name(sig) {
-            Some(name) => format!("rank {rank} (pid {pid}) was killed by signal {sig} ({name})"),
-            None => format!("rank {rank} (pid {pid}) was killed by signal {sig}"),
+            Some(name) => format!("{who} was killed by signal {sig} ({name})"),
+            None => format!("{who} was killed by signal {sig}"),
         },
-        (None, None) => format!("rank {rank} (pid {pid}) ended abnormally ({status})"),
+        (None, None) => format!("{who} ended abnormally ({status})"),
     }
 }
 
@@ -447,12 +475,12 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
         assert_eq!(
-            describe(2, 1234, ExitStatus::from_raw(libc::SIGKILL)),
-            "rank 2 (pid 1234) was killed by signal 9 (SIGKILL)"
+            describe_on(2, 1234, "n1", ExitStatus::from_raw(libc::SIGKILL)),
+            "rank 2 (pid 1234 on n1) was killed by signal 9 (SIGKILL)"
         );
         assert_eq!(
-            describe(2, 1234, ExitStatus::from_raw(3 << 8)),
-            "rank 2 (pid 1234) exited with code 3"
+            describe_on(2, 1234, "n1", ExitStatus::from_raw(3 << 8)),
+            "rank 2 (pid 1234 on n1) exited with code 3"
         );
     }
 }

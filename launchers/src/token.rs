@@ -2,13 +2,13 @@
 //!
 //! With `hostNetwork` pods, or several jobs sharing a host, two jobs can be given the same
 //! store port; without a token a rank of job B that reaches job A's store would be counted as
-//! one of A's ranks and both jobs would fail in confusing ways. Every store connection
-//! presents a digest of the token in its hello and the server refuses any other digest.
+//! one of A's ranks and both jobs would fail in confusing ways. Every store and data
+//! connection proves the token by a challenge-response ([`busbw_transports::auth`]); the token
+//! itself never goes on the wire, so a token that is also used elsewhere is not leaked by
+//! busbw, and nothing recorded off the wire can be replayed to get in.
 //!
-//! The digest is a keyless, well-mixed 64-bit hash, not a MAC: it stops strangers (port
-//! scanners, health probes, other jobs, ranks started with a different token), not an
-//! attacker who can sniff the network, who can replay the digest as it is. The token itself
-//! never goes on the wire, so a token that is also used elsewhere is not leaked by busbw.
+//! The digest below is a keyless 64-bit hash that salts the data plane's job id, so that two
+//! jobs with different tokens never share one even if their random halves collided.
 
 /// Environment variable through which the launchers hand the token to the ranks they start.
 pub const JOB_TOKEN_ENV: &str = "BUSBW_JOB_TOKEN";
@@ -16,10 +16,7 @@ pub const JOB_TOKEN_ENV: &str = "BUSBW_JOB_TOKEN";
 /// Keeps busbw's digests apart from any other use of the same hash over the same string.
 const DOMAIN: u64 = 0x6275_7362_772d_746b; // "busbw-tk"
 
-/// The digest every store connection presents, also usable as the data path's job id so that
-/// both planes reject the same strangers.
-///
-/// Never 0: the hello uses 0 to mean "no token".
+/// The token's digest, which salts the data path's job id. Never 0, which means "no token".
 pub fn token_digest(token: &str) -> u64 {
     let bytes = token.as_bytes();
     let mut h = mix(DOMAIN ^ (bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -33,15 +30,6 @@ pub fn token_digest(token: &str) -> u64 {
     match mix(h) {
         0 => 1,
         d => d,
-    }
-}
-
-/// The digest a connection presents for an optional token. An empty token counts as none:
-/// job specs template absent values to "".
-pub(crate) fn digest_of(token: Option<&str>) -> u64 {
-    match token {
-        Some(t) if !t.is_empty() => token_digest(t),
-        _ => 0,
     }
 }
 
@@ -64,9 +52,6 @@ mod tests {
         // Lengths and trailing zero bytes matter: the zero-padded last word must not collide.
         assert_ne!(token_digest("a"), token_digest("a\0"));
         assert_ne!(token_digest(""), token_digest("\0"));
-        assert_eq!(digest_of(None), 0);
-        assert_eq!(digest_of(Some("")), 0);
-        assert_eq!(digest_of(Some("x")), token_digest("x"));
         let mut seen = HashSet::new();
         for i in 0..20_000u32 {
             let d = token_digest(&format!("token-{i}"));

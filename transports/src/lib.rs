@@ -12,6 +12,7 @@
 //! The callers (the algorithms in `busbw-collectives`) own the safety argument.
 
 mod abort;
+pub mod auth;
 mod error;
 mod frame;
 pub mod iface;

@@ -631,16 +631,19 @@ impl Transport for ShmTransport {
         );
         let listener = UnixListener::bind_addr(&abstract_addr(&name)?)?;
         listener.set_nonblocking(true)?;
+        let gate = crate::auth::DataGate::new(self.identity.job);
         let handle = Handle(
             format!(
-                "{HANDLE_PREFIX} rank={} pid={pid} sock=@{name}",
-                self.identity.rank
+                "{HANDLE_PREFIX} rank={} pid={pid} sock=@{name}{}",
+                self.identity.rank,
+                gate.handle_field()
             )
             .into_bytes(),
         );
         Ok((
             handle,
             Box::new(ShmListener {
+                gate,
                 listener,
                 identity: self.identity,
                 config: self.config.clone(),
@@ -688,7 +691,22 @@ impl Transport for ShmTransport {
             0
         };
         hello[48..56].copy_from_slice(&probe.to_le_bytes());
+        let tail = crate::auth::tail_for(&handle.0, self.identity.job, &hello)
+            .map_err(TransportError::BadHandle)?;
         send_hello(sock.as_raw_fd(), &hello, memfd.as_raw_fd(), deadline).map_err(io_err)?;
+        // A fresh socket's buffer takes these 48 bytes whole, in one send.
+        // SAFETY: send from a live buffer of the given length on a socket we own.
+        let sent = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                tail.as_ptr().cast(),
+                tail.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent != tail.len() as isize {
+            return Err(io_err(io::Error::last_os_error()));
+        }
         // The peer holds its own reference now (or will never map it); ours can go.
         drop(memfd);
         Ok(Box::new(ShmSendComm {
@@ -707,6 +725,7 @@ impl Transport for ShmTransport {
 }
 
 struct ShmListener {
+    gate: crate::auth::DataGate,
     listener: UnixListener,
     identity: Identity,
     config: ShmConfig,
@@ -749,6 +768,10 @@ impl ShmListener {
                 "rank {rank} belongs to another job or has another job token"
             ));
         }
+        // Before the segment is mapped or the claimed pid's memory probed.
+        self.gate
+            .read_and_check(stream, &hello)
+            .map_err(|why| format!("claims to be rank {rank}: {why}"))?;
         let channel = word(24..28) as u32;
         let ring_bytes = word(32..40) as usize;
         if !valid_ring(ring_bytes) {

@@ -289,7 +289,8 @@ fn shm_refuses_stray_connections() {
     let b = shm(1, 77);
     let (handle, mut listener) = b.listen().unwrap();
     let text = String::from_utf8(handle.0.clone()).unwrap();
-    let name = text.split("sock=@").nth(1).unwrap().to_string();
+    let name = text.split("sock=@").nth(1).unwrap();
+    let name = name.split_whitespace().next().unwrap().to_string();
 
     use std::io::Write;
     use std::os::linux::net::SocketAddrExt;

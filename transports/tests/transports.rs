@@ -224,7 +224,8 @@ fn tcp_refuses_stray_connections() {
     let b = tcp(1, 77);
     let (handle, mut listener) = b.listen().unwrap();
     let text = String::from_utf8(handle.0.clone()).unwrap();
-    let addr = text.split("addr=").nth(1).unwrap().to_string();
+    let addr = text.split("addr=").nth(1).unwrap();
+    let addr = addr.split_whitespace().next().unwrap().to_string();
 
     let mut garbage = std::net::TcpStream::connect(&addr).unwrap();
     garbage
@@ -241,6 +242,62 @@ fn tcp_refuses_stray_connections() {
         6,
         "only the connection from our job is accepted"
     );
+    let err = match listener.accept(Duration::from_millis(300)) {
+        Err(e) => e,
+        Ok(_) => panic!("a stray connection was accepted"),
+    };
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+}
+
+/// A TCP hello as a stranger would forge it: right magic, version and job id.
+fn forged_hello(rank: u32, job: u64) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0..8].copy_from_slice(&0x6275_7362_775f_7463u64.to_le_bytes());
+    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[12..16].copy_from_slice(&rank.to_le_bytes());
+    h[16..24].copy_from_slice(&job.to_le_bytes());
+    h
+}
+
+/// Someone who knows the job id (it is not a secret) but not the token, a recorded genuine
+/// hello sent again, a cut-off hello and an oversized one: all refused, and the real peer is
+/// accepted after them.
+#[test]
+fn tcp_refuses_forged_replayed_and_truncated_hellos() {
+    let b = tcp(1, 91);
+    let (handle, mut listener) = b.listen().unwrap();
+    let text = String::from_utf8(handle.0.clone()).unwrap();
+    let addr = text.split("addr=").nth(1).unwrap();
+    let addr = addr.split_whitespace().next().unwrap().to_string();
+    let send = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let _ = s.write_all(bytes);
+        s
+    };
+
+    let hello = forged_hello(3, 91);
+    // The right shape, a proof made with another token's key.
+    let wrong = busbw_transports::auth::data_tail(
+        &busbw_transports::auth::Key::from_token(Some("guess")).for_job(91),
+        &busbw_transports::auth::challenge_in(&handle.0).unwrap(),
+        &hello,
+    );
+    let _forged = send(&[&hello[..], &wrong[..]].concat());
+    // A genuine hello and proof (what a sniffer records), then the same bytes again.
+    let genuine = busbw_transports::auth::tail_for(&handle.0, 91, &hello).unwrap();
+    let recorded = [&hello[..], &genuine[..]].concat();
+    let _first = send(&recorded);
+    let _replayed = send(&recorded);
+    let _cut = send(&recorded[..40]);
+    let _huge = send(&vec![0xa5; 1 << 20]);
+
+    let first = listener.accept(T).unwrap();
+    assert_eq!(first.peer(), 3, "the first, genuine hello is accepted");
+    let right = tcp(6, 91);
+    let _ok = right.connect(&handle, 0, T).unwrap();
+    // The cut-off hello costs its wait (it never completes), then the real peer gets in.
+    let recv = listener.accept(T).unwrap();
+    assert_eq!(recv.peer(), 6, "forgery, replay and junk are refused");
     let err = match listener.accept(Duration::from_millis(300)) {
         Err(e) => e,
         Ok(_) => panic!("a stray connection was accepted"),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::proto::{self, Decoder, Encoder};
 use super::{Store, StoreError, MAX_KEY_LEN, MAX_VALUE_LEN};
-use crate::token::digest_of;
+use busbw_transports::auth::{self, Key};
 
 /// Extra time the client allows beyond a WAIT's own timeout before it gives up on the server:
 /// the server enforces the timeout itself and answers, so the margin only covers a server that
@@ -33,8 +33,8 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 /// into a deadlock until the timeout.
 pub struct TcpStoreClient {
     addr: String,
-    /// Digest of the job token presented in every hello, 0 for none.
-    digest: u64,
+    /// The job token's key, proven in every hello.
+    key: Key,
     op_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
     /// Second handles on every open connection, so [`Self::close`] can interrupt requests
@@ -73,7 +73,7 @@ impl TcpStoreClient {
         token: Option<&str>,
     ) -> Result<Self, StoreError> {
         let (host, port) = split_host_port(addr)?;
-        let digest = digest_of(token);
+        let key = Key::from_token(token);
         let start = Instant::now();
         let deadline = start + timeout;
         let op_timeout = timeout.max(MIN_OP_TIMEOUT);
@@ -88,11 +88,11 @@ impl TcpStoreClient {
                 Err(detail) => Failure::Unresolved(detail),
                 Ok(addrs) => match connect_any(&addrs, attempt) {
                     Err(f) => f,
-                    Ok(stream) => match handshake(&stream, addr, digest, attempt.min(op_timeout)) {
+                    Ok(stream) => match handshake(&stream, addr, &key, attempt.min(op_timeout)) {
                         Ok(()) => {
                             let client = Self {
                                 addr: addr.to_string(),
-                                digest,
+                                key: key.clone(),
                                 op_timeout,
                                 idle: Mutex::new(Vec::new()),
                                 live: Mutex::new(HashMap::new()),
@@ -167,7 +167,7 @@ impl TcpStoreClient {
         if let Some(c) = lock(&self.idle).pop() {
             return Ok(c);
         }
-        match open(&self.addr, self.digest, self.op_timeout) {
+        match open(&self.addr, &self.key, self.op_timeout) {
             Ok(stream) => {
                 let conn = self.register(stream)?;
                 // close() may have run between the check above and registering.
@@ -246,13 +246,13 @@ fn jitter(d: Duration) -> Duration {
 }
 
 /// Connect and greet once, without the start-up retries: used once the server was up.
-fn open(addr: &str, digest: u64, op_timeout: Duration) -> Result<TcpStream, HandshakeError> {
+fn open(addr: &str, key: &Key, op_timeout: Duration) -> Result<TcpStream, HandshakeError> {
     let (host, port) = split_host_port(addr).map_err(HandshakeError::Fatal)?;
     let addrs = Resolver::new(host, port)
         .resolve(op_timeout)
         .map_err(HandshakeError::Retry)?;
     let stream = connect_any(&addrs, op_timeout).map_err(|f| HandshakeError::Retry(f.detail()))?;
-    handshake(&stream, addr, digest, op_timeout)?;
+    handshake(&stream, addr, key, op_timeout)?;
     Ok(stream)
 }
 
@@ -440,14 +440,16 @@ enum HandshakeError {
 fn handshake(
     stream: &TcpStream,
     addr: &str,
-    digest: u64,
+    key: &Key,
     timeout: Duration,
 ) -> Result<(), HandshakeError> {
     let retry = |e: io::Error| HandshakeError::Retry(format!("handshake with {addr}: {e}"));
     let mut s = stream;
     s.set_write_timeout(Some(timeout)).map_err(retry)?;
     s.set_read_timeout(Some(timeout)).map_err(retry)?;
-    s.write_all(&proto::client_hello(digest)).map_err(retry)?;
+    let client_nonce = auth::nonce();
+    s.write_all(&proto::client_hello(&client_nonce))
+        .map_err(retry)?;
     let mut answer = [0u8; proto::HELLO_LEN];
     s.read_exact(&mut answer).map_err(retry)?;
     match proto::parse_hello(&answer) {
@@ -465,6 +467,25 @@ fn handshake(
         }
         Some(_) => {}
     }
+    let mut challenge = [0u8; proto::SERVER_CHALLENGE_LEN];
+    s.read_exact(&mut challenge).map_err(retry)?;
+    let (server_nonce, server_proof) = challenge.split_at(auth::NONCE_LEN);
+    // The server proves the token first: a rank never talks to a store of another job (or
+    // an impostor on the port) as if it were its own.
+    if !key.verify(
+        auth::label::STORE_SERVER,
+        &[&client_nonce, server_nonce],
+        server_proof,
+    ) {
+        // Tell the server so in its terms (a proof that cannot verify), so that a real store
+        // of another job logs the refusal; nothing about our key goes out.
+        let _ = s.write_all(&[0u8; auth::PROOF_LEN]);
+        return Err(HandshakeError::Fatal(StoreError::WrongToken {
+            addr: addr.to_string(),
+        }));
+    }
+    let proof = key.proof(auth::label::STORE_CLIENT, &[server_nonce, &client_nonce]);
+    s.write_all(&proof).map_err(retry)?;
     let mut status = [0u8; 1];
     s.read_exact(&mut status).map_err(retry)?;
     match status[0] {

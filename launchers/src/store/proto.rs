@@ -1,15 +1,21 @@
 //! Wire format of the TCP store.
 //!
-//! The client opens with a 20-byte hello (8-byte magic, big-endian u32 version, big-endian u64
-//! job-token digest) so that anything else that happens to connect to the port (an HTTP probe,
-//! a port scanner, a client of another busbw build, a rank of another job that was given the
-//! same port) is recognised at once and disconnected instead of being parsed as requests. The
-//! server answers with its 12-byte magic and version and, when the versions match, one status
-//! byte: [`HELLO_OK`] or [`HELLO_WRONG_TOKEN`]. The server never sends its own digest, so a
-//! stranger cannot learn the credential by connecting.
+//! Every connection opens with a challenge-response over the job token (see
+//! [`busbw_transports::auth`]), so anything else that happens to connect to the port (an HTTP
+//! probe, a port scanner, a client of another busbw build, a rank of another job that was
+//! given the same port) is recognised and disconnected instead of being parsed as requests,
+//! and nothing that crosses the wire can be replayed to get in:
 //!
-//! Both sides read only the 12-byte magic and version before anything version-specific, which
-//! is what lets builds with different versions still tell each other so.
+//! 1. client: 8-byte magic, big-endian u32 version, 16-byte client nonce;
+//! 2. server: its magic and version and, when the versions match, a 16-byte server nonce and
+//!    the server's proof `HMAC(key, server label, client nonce, server nonce)`: the client
+//!    knows it reached its own job's store, not an impostor's;
+//! 3. client: its proof `HMAC(key, client label, server nonce, client nonce)`;
+//! 4. server: one status byte, [`HELLO_OK`] or [`HELLO_WRONG_TOKEN`].
+//!
+//! The server allows [`HELLO_TIMEOUT`](super::server) for all of it. Both sides read only the
+//! 12-byte magic and version before anything version-specific, which is what lets builds
+//! with different versions still tell each other so.
 //!
 //! After the hello every message is a frame: big-endian u32 body length, then the body. A
 //! request body is an opcode byte and its fields; a response body is a status byte and its
@@ -17,14 +23,18 @@
 //! connection, which is why a blocking client needs nothing but a mutex.
 
 use super::{MAX_KEY_LEN, MAX_VALUE_LEN};
+use busbw_transports::auth::{NONCE_LEN, PROOF_LEN};
 
 pub const MAGIC: [u8; 8] = *b"BUSBWKV\0";
 /// 2: the client hello carries a job-token digest and the server answers with a status byte.
-pub const VERSION: u32 = 2;
+/// 3: the digest is replaced by a mutual challenge-response.
+pub const VERSION: u32 = 3;
 /// Magic and version: the part of a hello every version shares.
 pub const HELLO_LEN: usize = 12;
-/// The client's whole hello in this version: magic, version, token digest.
-pub const CLIENT_HELLO_LEN: usize = HELLO_LEN + 8;
+/// The client's whole hello in this version: magic, version, client nonce.
+pub const CLIENT_HELLO_LEN: usize = HELLO_LEN + NONCE_LEN;
+/// What the server sends after its magic and version: its nonce and its proof.
+pub const SERVER_CHALLENGE_LEN: usize = NONCE_LEN + PROOF_LEN;
 
 pub const HELLO_OK: u8 = 0;
 pub const HELLO_WRONG_TOKEN: u8 = 1;
@@ -54,11 +64,11 @@ pub fn hello() -> [u8; HELLO_LEN] {
     h
 }
 
-/// What a client sends: the shared part, then the digest of its job token (0 for none).
-pub fn client_hello(digest: u64) -> [u8; CLIENT_HELLO_LEN] {
+/// What a client sends: the shared part, then its nonce.
+pub fn client_hello(nonce: &[u8; NONCE_LEN]) -> [u8; CLIENT_HELLO_LEN] {
     let mut h = [0u8; CLIENT_HELLO_LEN];
     h[..HELLO_LEN].copy_from_slice(&hello());
-    h[HELLO_LEN..].copy_from_slice(&digest.to_be_bytes());
+    h[HELLO_LEN..].copy_from_slice(nonce);
     h
 }
 

@@ -6,18 +6,20 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::ReadHalf;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::apply_add;
 use super::proto::{self, Encoder, Request};
-use crate::token::digest_of;
+use busbw_transports::auth::{self, Key};
 
-/// How long a fresh connection may take to send its hello. Real clients send it immediately;
-/// the limit only stops silent stray connections from lingering.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a fresh connection may take over its whole greeting. Real clients answer at once;
+/// the limit stops silent or trickling stray connections from lingering.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request may take to arrive once its first byte has.
+const FRAME_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest WAIT the server honours, so a garbage timeout cannot overflow a deadline.
 const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -67,7 +69,7 @@ impl TcpStoreServer {
         listener: std::net::TcpListener,
         token: Option<&str>,
     ) -> io::Result<Self> {
-        let digest = digest_of(token);
+        let key = Key::from_token(token);
         let local_addr = listener.local_addr()?;
         // The standard library listens with a backlog of 128; thousands of ranks connect at
         // once when a job starts, and a dropped SYN costs its rank a one-second retransmit.
@@ -87,7 +89,7 @@ impl TcpStoreServer {
         let thread = std::thread::Builder::new()
             .name("busbw-store".into())
             .spawn(move || {
-                rt.block_on(accept_loop(listener, stop_rx, digest));
+                rt.block_on(accept_loop(listener, stop_rx, key));
                 // Dropping the runtime drops every connection task and so closes every client
                 // socket: clients see the server go away rather than hang.
                 drop(rt);
@@ -155,7 +157,8 @@ impl Shared {
     }
 }
 
-async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, digest: u64) {
+async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, key: Key) {
+    let key = Arc::new(key);
     let shared = Arc::new(Shared::default());
     loop {
         tokio::select! {
@@ -163,7 +166,7 @@ async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, dig
             accepted = listener.accept() => match accepted {
                 Ok((sock, peer)) => {
                     let _ = sock.set_nodelay(true);
-                    tokio::spawn(serve_connection(sock, peer, shared.clone(), digest));
+                    tokio::spawn(serve_connection(sock, peer, shared.clone(), key.clone()));
                 }
                 // Typically EMFILE or a connection reset before accept: neither is fatal to
                 // the server, but retrying at once would spin.
@@ -173,61 +176,61 @@ async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, dig
     }
 }
 
-async fn serve_connection(mut sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, digest: u64) {
+async fn serve_connection(
+    mut sock: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    key: Arc<Key>,
+) {
     // Any error simply ends this connection; the other ranks' connections are unaffected.
-    let _ = serve_inner(&mut sock, peer, &shared, digest).await;
+    let _ = serve_inner(&mut sock, peer, &shared, &key).await;
 }
 
 async fn serve_inner(
     sock: &mut TcpStream,
     peer: SocketAddr,
     shared: &Shared,
-    digest: u64,
+    key: &Key,
 ) -> io::Result<()> {
     let (mut rd, mut wr) = sock.split();
-    let mut hello = [0u8; proto::HELLO_LEN];
-    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello))
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    let Some(version) = proto::parse_hello(&hello) else {
-        return Ok(()); // not a busbw store client
-    };
-    if version != proto::VERSION {
-        // Answer with our version so the client can report both; the rest of its hello is in
-        // a format we do not know, so nothing more is read.
-        wr.write_all(&proto::hello()).await?;
-        return Ok(());
+    // One deadline for the whole greeting, so a connection that trickles it byte by byte
+    // (slow-loris) is dropped as surely as one that sends nothing; its task is the only thing
+    // it holds up.
+    match tokio::time::timeout(HELLO_TIMEOUT, greet(&mut rd, &mut wr, peer, key)).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return Ok(()),
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            eprintln!(
+                "busbw: dropped a rendezvous connection from {peer}: no complete greeting \
+                 within {} s",
+                HELLO_TIMEOUT.as_secs()
+            );
+            return Ok(());
+        }
     }
-    let mut theirs = [0u8; 8];
-    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut theirs))
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    let mut answer = proto::hello().to_vec();
-    if u64::from_be_bytes(theirs) != digest {
-        eprintln!("busbw: refused a rendezvous connection from {peer}: wrong job token");
-        answer.push(proto::HELLO_WRONG_TOKEN);
-        wr.write_all(&answer).await?;
-        return Ok(());
-    }
-    answer.push(proto::HELLO_OK);
-    wr.write_all(&answer).await?;
     loop {
+        // Between requests a rank may be idle for the whole run; once a frame has begun, all
+        // of it must arrive within FRAME_TIMEOUT.
         let mut len = [0u8; 4];
-        match rd.read_exact(&mut len).await {
+        match rd.read_exact(&mut len[..1]).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let len = u32::from_be_bytes(len) as usize;
-        if len == 0 || len > proto::MAX_REQUEST {
-            return Ok(()); // framing is lost; nothing sensible to answer
-        }
-        // Grow the buffer as bytes arrive rather than trusting the length with an allocation.
-        let mut body = Vec::new();
-        (&mut rd).take(len as u64).read_to_end(&mut body).await?;
-        if body.len() != len {
-            return Ok(());
-        }
+        let body = match tokio::time::timeout(FRAME_TIMEOUT, read_frame(&mut rd, len)).await {
+            Ok(Ok(Some(body))) => body,
+            Ok(Ok(None)) => return Ok(()), // framing is lost; nothing sensible to answer
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                eprintln!(
+                    "busbw: dropped a rendezvous connection from {peer}: a request did not \
+                     arrive whole within {} s",
+                    FRAME_TIMEOUT.as_secs()
+                );
+                return Ok(());
+            }
+        };
         let response = match proto::decode_request(&body) {
             Ok(req) => match execute(req, shared, &mut rd).await {
                 Some(r) => r,
@@ -240,6 +243,61 @@ async fn serve_inner(
             Response::Values(values) => write_values(&mut wr, &values).await?,
         }
     }
+}
+
+/// Reads the greeting and checks the client's proof; `false` ends the connection.
+async fn greet(
+    rd: &mut ReadHalf<'_>,
+    wr: &mut WriteHalf<'_>,
+    peer: SocketAddr,
+    key: &Key,
+) -> io::Result<bool> {
+    let mut hello = [0u8; proto::HELLO_LEN];
+    rd.read_exact(&mut hello).await?;
+    let Some(version) = proto::parse_hello(&hello) else {
+        return Ok(false); // not a busbw store client
+    };
+    if version != proto::VERSION {
+        // Answer with our version so the client can report both; the rest of its hello is in
+        // a format we do not know, so nothing more is read.
+        wr.write_all(&proto::hello()).await?;
+        return Ok(false);
+    }
+    let mut client_nonce = [0u8; auth::NONCE_LEN];
+    rd.read_exact(&mut client_nonce).await?;
+    let server_nonce = auth::nonce();
+    let mut challenge = proto::hello().to_vec();
+    challenge.extend_from_slice(&server_nonce);
+    challenge
+        .extend_from_slice(&key.proof(auth::label::STORE_SERVER, &[&client_nonce, &server_nonce]));
+    wr.write_all(&challenge).await?;
+    let mut proof = [0u8; auth::PROOF_LEN];
+    rd.read_exact(&mut proof).await?;
+    if !key.verify(
+        auth::label::STORE_CLIENT,
+        &[&server_nonce, &client_nonce],
+        &proof,
+    ) {
+        eprintln!("busbw: refused a rendezvous connection from {peer}: wrong job token");
+        wr.write_all(&[proto::HELLO_WRONG_TOKEN]).await?;
+        return Ok(false);
+    }
+    wr.write_all(&[proto::HELLO_OK]).await?;
+    Ok(true)
+}
+
+/// The rest of a frame whose first length byte is in `len[0]`: `None` when the length is out
+/// of range or the peer hung up mid-frame.
+async fn read_frame(rd: &mut ReadHalf<'_>, mut len: [u8; 4]) -> io::Result<Option<Vec<u8>>> {
+    rd.read_exact(&mut len[1..]).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len == 0 || len > proto::MAX_REQUEST {
+        return Ok(None);
+    }
+    // Grow the buffer as bytes arrive rather than trusting the length with an allocation.
+    let mut body = Vec::new();
+    rd.take(len as u64).read_to_end(&mut body).await?;
+    Ok((body.len() == len).then_some(body))
 }
 
 /// What a request is answered with: a finished frame, or a WAIT's values, which are written

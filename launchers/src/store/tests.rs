@@ -17,6 +17,29 @@ fn client(addr: &str) -> TcpStoreClient {
     TcpStoreClient::connect(addr, T).unwrap()
 }
 
+/// A raw connection that completes the greeting with `token`'s key, for tests that then
+/// speak the frame protocol by hand. Returns the stream and the server's nonce.
+fn raw_login(addr: &str, token: Option<&str>) -> (TcpStream, [u8; 16]) {
+    let key = busbw_transports::auth::Key::from_token(token);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let cn = busbw_transports::auth::nonce();
+    s.write_all(&proto::client_hello(&cn)).unwrap();
+    let mut h = [0u8; proto::HELLO_LEN + proto::SERVER_CHALLENGE_LEN];
+    s.read_exact(&mut h).unwrap();
+    let sn: [u8; 16] = h[proto::HELLO_LEN..proto::HELLO_LEN + 16]
+        .try_into()
+        .unwrap();
+    let proof = key.proof(auth_label::STORE_CLIENT, &[&sn, &cn]);
+    s.write_all(&proof).unwrap();
+    let mut status = [0u8; 1];
+    s.read_exact(&mut status).unwrap();
+    assert_eq!(status[0], proto::HELLO_OK);
+    (s, sn)
+}
+
+use busbw_transports::auth::label as auth_label;
+
 /// The behaviour every implementation must share.
 fn basic_ops(store: Arc<dyn Store>) {
     assert_eq!(store.get("k").unwrap(), None);
@@ -163,19 +186,24 @@ fn stray_clients_are_dropped_and_server_keeps_serving() {
     );
 
     // A client that greets correctly and then sends a 4 GiB frame length.
-    let mut liar = TcpStream::connect(&addr).unwrap();
-    liar.write_all(&proto::client_hello(0)).unwrap();
-    liar.set_read_timeout(Some(T)).unwrap();
-    let mut h = [0u8; proto::HELLO_LEN + 1];
-    liar.read_exact(&mut h).unwrap();
+    let (mut liar, _) = raw_login(&addr, None);
     liar.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
     assert_eq!(liar.read(&mut buf).unwrap_or(0), 0);
 
+    // A zero-length frame: framing is lost, the connection is closed.
+    let (mut empty, _) = raw_login(&addr, None);
+    empty.write_all(&[0, 0, 0, 0]).unwrap();
+    assert_eq!(empty.read(&mut buf).unwrap_or(0), 0);
+
+    // A truncated frame: 100 bytes announced, 10 sent, then the sender hangs up.
+    let (mut short, _) = raw_login(&addr, None);
+    short
+        .write_all(&[0, 0, 0, 100, 1, 0, 0, 0, 1, b'k'])
+        .unwrap();
+    drop(short);
+
     // A well-framed request with garbage inside gets an error answer, not a crash.
-    let mut garbage = TcpStream::connect(&addr).unwrap();
-    garbage.write_all(&proto::client_hello(0)).unwrap();
-    garbage.set_read_timeout(Some(T)).unwrap();
-    garbage.read_exact(&mut h).unwrap();
+    let (mut garbage, _) = raw_login(&addr, None);
     garbage.write_all(&[0, 0, 0, 5, 3, 9, 9, 9, 9]).unwrap();
     let mut len = [0u8; 4];
     garbage.read_exact(&mut len).unwrap();
@@ -329,7 +357,7 @@ fn tokens_admit_the_job_and_refuse_strangers() {
 }
 
 #[test]
-fn the_token_is_not_on_the_wire_and_the_digest_is_not_echoed() {
+fn the_token_is_not_on_the_wire_and_a_replayed_proof_is_refused() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let t = std::thread::spawn(move || {
@@ -341,23 +369,151 @@ fn the_token_is_not_on_the_wire_and_the_digest_is_not_echoed() {
     let _ = TcpStoreClient::connect_with_token(&addr, Duration::from_millis(300), Some("s3cret"));
     let hello = t.join().unwrap();
     assert_eq!(&hello[..proto::HELLO_LEN], &proto::hello());
-    assert_eq!(
-        u64::from_be_bytes(hello[proto::HELLO_LEN..].try_into().unwrap()),
-        crate::token::token_digest("s3cret")
-    );
     assert!(!hello.windows(6).any(|w| w == b"s3cret"));
 
-    // A stranger that greets with a wrong digest learns nothing but the refusal.
     let s =
         TcpStoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some("s3cret")).unwrap();
-    let mut raw = TcpStream::connect(s.local_addr()).unwrap();
-    raw.write_all(&proto::client_hello(12345)).unwrap();
-    raw.set_read_timeout(Some(T)).unwrap();
-    let mut answer = Vec::new();
-    raw.read_to_end(&mut answer).unwrap();
-    let mut expected = proto::hello().to_vec();
-    expected.push(proto::HELLO_WRONG_TOKEN);
-    assert_eq!(answer, expected);
+    let addr = s.local_addr().to_string();
+    // Record a genuine client's whole greeting (its nonce and its proof) ...
+    let key = busbw_transports::auth::Key::from_token(Some("s3cret"));
+    let cn = [9u8; 16];
+    let mut first = TcpStream::connect(&addr).unwrap();
+    first.set_read_timeout(Some(T)).unwrap();
+    first.write_all(&proto::client_hello(&cn)).unwrap();
+    let mut challenge = [0u8; proto::HELLO_LEN + proto::SERVER_CHALLENGE_LEN];
+    first.read_exact(&mut challenge).unwrap();
+    let sn = &challenge[proto::HELLO_LEN..proto::HELLO_LEN + 16];
+    // (the server proved the token over our nonce: mutual authentication)
+    assert!(key.verify(
+        auth_label::STORE_SERVER,
+        &[&cn, sn],
+        &challenge[proto::HELLO_LEN + 16..]
+    ));
+    let proof = key.proof(auth_label::STORE_CLIENT, &[sn, &cn]);
+    first.write_all(&proof).unwrap();
+    let mut status = [0u8; 1];
+    first.read_exact(&mut status).unwrap();
+    assert_eq!(status[0], proto::HELLO_OK);
+
+    // ... and replay it byte for byte on a new connection: the server's fresh nonce makes the
+    // recorded proof worthless.
+    let mut replay = TcpStream::connect(&addr).unwrap();
+    replay.set_read_timeout(Some(T)).unwrap();
+    replay.write_all(&proto::client_hello(&cn)).unwrap();
+    let mut again = [0u8; proto::HELLO_LEN + proto::SERVER_CHALLENGE_LEN];
+    replay.read_exact(&mut again).unwrap();
+    assert_ne!(again[proto::HELLO_LEN..], challenge[proto::HELLO_LEN..]);
+    replay.write_all(&proof).unwrap();
+    let mut rest = Vec::new();
+    replay.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, [proto::HELLO_WRONG_TOKEN]);
+
+    // The recorded connection itself still works: the refusal disturbed nobody.
+    let mut e = proto::Encoder::new();
+    e.u8(proto::OP_SET).bytes(b"k").bytes(b"v");
+    first.write_all(&e.frame()).unwrap();
+    let mut answer = [0u8; 5];
+    first.read_exact(&mut answer).unwrap();
+    assert_eq!(answer, [0, 0, 0, 1, proto::ST_OK]);
+}
+
+#[test]
+fn a_fake_store_without_the_token_is_refused_by_the_client() {
+    // Something on the port that speaks the protocol but cannot prove the token: the client
+    // must not talk to it as to its own job's store.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; proto::CLIENT_HELLO_LEN];
+        s.read_exact(&mut b).unwrap();
+        let mut answer = proto::hello().to_vec();
+        answer.extend_from_slice(&[0u8; proto::SERVER_CHALLENGE_LEN]);
+        s.write_all(&answer).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        rest
+    });
+    let e = TcpStoreClient::connect_with_token(&addr, T, Some("mine"))
+        .err()
+        .unwrap();
+    assert!(matches!(e, StoreError::WrongToken { .. }), "{e}");
+    // The client sent no proof to the impostor, only zeros that tell a real store of
+    // another job to log the refusal.
+    assert_eq!(t.join().unwrap(), vec![0u8; 32]);
+}
+
+#[test]
+fn slow_and_silent_connections_are_dropped_without_blocking_others() {
+    let (_s, addr) = server();
+    // One connection that never speaks, one that trickles its hello a byte at a time.
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    let trickle = std::thread::spawn(move || {
+        let hello = proto::client_hello(&[1; 16]);
+        let start = Instant::now();
+        for b in hello.iter().cycle() {
+            if slow.write_all(&[*b]).is_err() || start.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        start.elapsed()
+    });
+    // The job is served meanwhile, at once.
+    let start = Instant::now();
+    let c = client(&addr);
+    c.set("k", b"v").unwrap();
+    assert_eq!(c.wait(&["k"], T).unwrap(), vec![b"v".to_vec()]);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // Both strays are cut off by the greeting deadline, not left to linger.
+    silent.set_read_timeout(Some(T)).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(silent.read(&mut buf).unwrap_or(0), 0);
+    let trickled = trickle.join().unwrap();
+    assert!(trickled < Duration::from_secs(12), "{trickled:?}");
+    assert!(trickled >= server::HELLO_TIMEOUT - Duration::from_millis(500));
+}
+
+#[test]
+fn random_frames_never_take_the_server_down() {
+    // Deterministic noise (xorshift), so a failure is reproducible: frames of random length
+    // and content, announced lengths that lie, cut-off frames.
+    let (_s, addr) = server();
+    let good = client(&addr);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..40 {
+        let (mut s, _) = raw_login(&addr, None);
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let len = (next() % 64) as usize;
+        let mut body: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if let Some(op) = body.first_mut() {
+            *op %= 6; // mostly real opcodes, so the field decoders are exercised
+        }
+        let announced = match round % 4 {
+            0 => len as u32,
+            1 => len as u32 + 1 + (next() % 100) as u32,
+            2 => next() as u32,
+            _ => len.saturating_sub(1) as u32,
+        };
+        let _ = s.write_all(&announced.to_be_bytes());
+        let _ = s.write_all(&body);
+        let mut sink = [0u8; 256];
+        let _ = s.read(&mut sink);
+    }
+    good.set("still", b"here").unwrap();
+    assert_eq!(good.get("still").unwrap().unwrap(), b"here");
 }
 
 #[test]
@@ -428,4 +584,53 @@ fn names_resolve_and_every_address_is_tried() {
     let port = addr.rsplit_once(':').unwrap().1;
     let c = client(&format!("localhost:{port}"));
     c.set("k", b"v").unwrap();
+}
+
+/// The stable twin of `fuzz/fuzz_targets/store_request.rs`: valid request bodies, mutated
+/// (bytes flipped, cut short, lengths inflated), and pure noise. Decoding must return, not
+/// panic or allocate what a length claims.
+#[test]
+fn random_and_mutated_request_bodies_decode_or_fail_cleanly() {
+    let mut corpus = Vec::new();
+    let mut e = proto::Encoder::new();
+    e.u8(proto::OP_SET).bytes(b"key").bytes(b"value");
+    corpus.push(e.frame()[4..].to_vec());
+    let mut e = proto::Encoder::new();
+    e.u8(proto::OP_WAIT)
+        .u64(1000)
+        .u32(2)
+        .bytes(b"a")
+        .bytes(b"bb");
+    corpus.push(e.frame()[4..].to_vec());
+    let mut e = proto::Encoder::new();
+    e.u8(proto::OP_ADD).bytes(b"n").i64(-3);
+    corpus.push(e.frame()[4..].to_vec());
+    for c in &corpus {
+        assert!(fuzz_request(c).is_ok());
+    }
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..30_000usize {
+        let mut d = corpus[i % corpus.len()].clone();
+        match i % 4 {
+            0 => d.truncate((next() as usize) % (d.len() + 1)),
+            1 => {
+                let at = (next() as usize) % d.len();
+                d[at] = next() as u8;
+            }
+            2 => {
+                // A length field claiming far more than the body holds.
+                let at = 1 + (next() as usize) % (d.len() - 1);
+                let end = (at + 4).min(d.len());
+                d[at..end].fill(0xff);
+            }
+            _ => d = (0..next() % 64).map(|_| next() as u8).collect(),
+        }
+        let _ = fuzz_request(&d);
+    }
 }

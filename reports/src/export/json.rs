@@ -51,4 +51,54 @@ mod tests {
         let broken = r#"{"schema":"busbw-run","schema_version":1}"#;
         assert!(err(broken).contains("malformed"), "{}", err(broken));
     }
+
+    /// The stable twin of `fuzz/fuzz_targets/run_record.rs`: a busbw record and an nccl-tests
+    /// `-J` file, mutated (bytes changed, cut short, numbers made huge or negative), through
+    /// what `busbw compare` does with a file. It must return an error or a record, never
+    /// panic.
+    #[test]
+    fn mutated_reports_load_or_fail_cleanly() {
+        let run = sample::run();
+        let corpus = [
+            render(&run).unwrap(),
+            crate::export::nccl_json::render(&run).into_bytes(),
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let swaps: [&[u8]; 6] = [
+            b"-1",
+            b"1e308",
+            b"null",
+            b"[]",
+            b"\"\"",
+            b"18446744073709551616",
+        ];
+        for i in 0..3_000usize {
+            let mut d = corpus[i % 2].clone();
+            match i % 3 {
+                0 => d.truncate((next() as usize) % (d.len() + 1)),
+                1 => {
+                    for _ in 0..1 + next() % 4 {
+                        let at = (next() as usize) % d.len();
+                        let junk = b" {}[],:\"0-9eE.a";
+                        d[at] = junk[(next() as usize) % junk.len()];
+                    }
+                }
+                _ => {
+                    // Replace one number with something no writer produces.
+                    let digits: Vec<usize> =
+                        (0..d.len()).filter(|&j| d[j].is_ascii_digit()).collect();
+                    let at = digits[(next() as usize) % digits.len()];
+                    let with = swaps[(next() as usize) % swaps.len()];
+                    d.splice(at..at + 1, with.iter().copied());
+                }
+            }
+            crate::run::fuzz_load(&d);
+        }
+    }
 }

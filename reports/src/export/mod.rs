@@ -148,6 +148,7 @@ impl ExportSink {
             error: None,
         });
         summary.error = Some(error.to_string());
+        self.run.complete = false;
         self.finish()
     }
 
@@ -195,6 +196,7 @@ impl Sink for ExportSink {
 
     fn footer(&mut self, f: &Footer) -> io::Result<()> {
         self.run.summary = Some(SummaryRecord::from_footer(f));
+        self.run.complete = f.error.is_none();
         self.finish()
     }
 }

@@ -420,6 +420,7 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
             .map(String::from),
     });
     Ok(RunRecord {
+        complete: true,
         schema: crate::run::SCHEMA.into(),
         schema_version: crate::run::SCHEMA_VERSION,
         versions: Versions {

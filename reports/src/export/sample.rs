@@ -39,6 +39,7 @@ pub fn devices() -> Vec<DeviceInfo> {
 
 pub fn run() -> RunRecord {
     RunRecord {
+        complete: true,
         schema: SCHEMA.into(),
         schema_version: SCHEMA_VERSION,
         versions: Versions {

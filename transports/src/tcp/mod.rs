@@ -2,11 +2,13 @@
 //!
 //! One TCP connection per direction per peer pair, as NCCL's socket transport does with its
 //! control socket, plus optionally several data sockets served by helper threads for long
-//! messages ([`lanes`], NCCL's `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD`). Every connection opens with a hello frame (magic, protocol version, job
-//! token, sender rank) so that connections from another job, a stale run or a port scanner are
-//! refused at accept time instead of corrupting a collective. Every message carries a 16-byte
-//! header (magic, tag, length) so that a desynchronised stream or a size disagreement between
-//! ranks is reported as such rather than as wrong data.
+//! messages ([`lanes`], NCCL's `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD`). Every socket
+//! opens with a hello frame (magic, protocol version, job id, sender rank, channel, socket
+//! index) and a proof of the job token against the listener's challenge (`auth`), so that
+//! connections from another job, a stale run or a stranger are refused at accept time instead
+//! of corrupting a collective. Every message carries a 16-byte header (magic, tag, length) so
+//! that a desynchronised stream or a size disagreement between ranks is reported as such
+//! rather than as wrong data.
 //!
 //! Sockets are non-blocking and progressed by the caller's `test` loop, so a rank's sends and
 //! receives advance together and the ring can never deadlock on a full socket buffer; helper
@@ -14,6 +16,7 @@
 
 mod lanes;
 
+use crate::auth;
 use crate::frame::{self, HEADER_LEN};
 use crate::slots::Slots;
 use crate::{
@@ -244,11 +247,14 @@ impl Transport for TcpTransport {
         };
         let addr = SocketAddr::new(ip, local.port());
         listener.set_nonblocking(true)?;
+        let gate = auth::DataGate::new(self.identity.job);
         let handle =
             Handle(format!("{HANDLE_PREFIX} rank={} addr={addr}", self.identity.rank).into_bytes());
+        let handle = Handle([handle.0, gate.handle_field().into_bytes()].concat());
         Ok((
             handle,
             Box::new(TcpListenerComm {
+                gate,
                 listener,
                 identity: self.identity,
                 config: self.config.clone(),
@@ -289,7 +295,12 @@ impl Transport for TcpTransport {
             let mut s = &stream;
             s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
                 .map_err(io_err)?;
-            s.write_all(&Hello { index, ..hello }.encode())
+            // Every socket of the connection proves the job token against the listener's
+            // challenge, with a fresh nonce each (the listener refuses replays).
+            let bytes = Hello { index, ..hello }.encode();
+            let tail = auth::tail_for(&handle.0, self.identity.job, &bytes)
+                .map_err(TransportError::BadHandle)?;
+            s.write_all(&[&bytes[..], &tail[..]].concat())
                 .map_err(io_err)?;
             Ok(stream)
         };
@@ -413,6 +424,7 @@ fn connection_id() -> u64 {
 }
 
 struct TcpListenerComm {
+    gate: auth::DataGate,
     listener: TcpListener,
     identity: Identity,
     config: TcpConfig,
@@ -445,7 +457,14 @@ impl TcpListenerComm {
         if let Err(e) = s.read_exact(&mut hello[HELLO_PREFIX..]) {
             return Ok(Err(format!("no complete hello frame ({e})")));
         }
-        Ok(Hello::decode(&hello, self.identity.job))
+        let h = match Hello::decode(&hello, self.identity.job) {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(why)),
+        };
+        if let Err(why) = self.gate.read_and_check(s, &hello) {
+            return Ok(Err(format!("claims to be rank {}: {why}", h.rank)));
+        }
+        Ok(Ok(h))
     }
 
     /// Files an accepted socket under its connection; returns the connection's sockets
