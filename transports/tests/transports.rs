@@ -249,11 +249,12 @@ fn tcp_refuses_stray_connections() {
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
 }
 
-/// A TCP hello as a stranger would forge it: right magic, version and job id.
-fn forged_hello(rank: u32, job: u64) -> [u8; 32] {
-    let mut h = [0u8; 32];
+/// A TCP hello (protocol 2, 48 bytes: no extra sockets) as a stranger would forge it: right
+/// magic, version and job id.
+fn forged_hello(rank: u32, job: u64) -> [u8; 48] {
+    let mut h = [0u8; 48];
     h[0..8].copy_from_slice(&0x6275_7362_775f_7463u64.to_le_bytes());
-    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[8..12].copy_from_slice(&2u32.to_le_bytes());
     h[12..16].copy_from_slice(&rank.to_le_bytes());
     h[16..24].copy_from_slice(&job.to_le_bytes());
     h
