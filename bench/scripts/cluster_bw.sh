@@ -56,16 +56,8 @@ else
 fi
 [[ -x $BIN ]] || { echo "cluster_bw.sh: no busbw binary at $BIN" >&2; exit 2; }
 
-# Bytes of a size with busbw's binary suffixes (K, M, G).
-bytes() {
-    local v=${1^^}
-    case $v in
-    *K) echo $((${v%K} * 1024)) ;;
-    *M) echo $((${v%M} * 1024 * 1024)) ;;
-    *G) echo $((${v%G} * 1024 * 1024 * 1024)) ;;
-    *) echo "$v" ;;
-    esac
-}
+# shellcheck source=bench/scripts/sim_lib.sh
+. "$ROOT/bench/scripts/sim_lib.sh"
 # The shaped rate in bits/s (tc syntax: 1gbit, 500mbit, 100mbps ...).
 rate_bits() {
     local r=${1,,} n
@@ -91,22 +83,7 @@ trap 'exit 130' INT TERM
 bash "$SIM" up "$NAME" "$NODES" --rate "$RATE" --mtu "$MTU" >&2
 node() { local i=$1; shift; bash "$SIM" exec "$NAME" "$i" "$@"; }
 
-# The link reference: one TCP stream node0 -> node1 for 5 s.
-echo "# iperf3 node0 -> node1 (5 s, 1 stream)" >&2
-node 1 iperf3 -s -1 -p 5201 >"$WORK/iperf3-server" 2>&1 &
-srv=$!
-for _ in $(seq 50); do
-    [[ -n $(node 1 ss -Hltn 'sport = :5201' 2>/dev/null) ]] && break
-    sleep 0.1
-done
-node 0 iperf3 -c node1 -p 5201 -t 5 -f m >"$WORK/iperf3" 2>&1 || {
-    cat "$WORK/iperf3" >&2
-    echo "cluster_bw.sh: iperf3 failed" >&2
-    exit 1
-}
-wait "$srv" 2>/dev/null || true
-IPERF_MBITS=$(awk '/receiver/ { for (i = 1; i < NF; i++) if ($(i + 1) == "Mbits/sec") v = $i } END { print v }' "$WORK/iperf3")
-[[ -n $IPERF_MBITS ]] || { cat "$WORK/iperf3" >&2; echo "cluster_bw.sh: no iperf3 figure" >&2; exit 1; }
+IPERF_MBITS=$(sim_iperf3 "$WORK") || exit 1
 
 # busbw: one rank per node, torchrun-style variables, rank 0 (the store) on node0.
 PORT=29500

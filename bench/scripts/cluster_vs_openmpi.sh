@@ -77,15 +77,8 @@ mkdir -p "$ROOT/target/peer"
 PEER="$ROOT/target/peer/mpi_allreduce"
 mpicc -O2 -o "$PEER" "$ROOT/bench/peer/mpi_allreduce.c"
 
-bytes() {
-    local v=${1^^}
-    case $v in
-    *K) echo $((${v%K} * 1024)) ;;
-    *M) echo $((${v%M} * 1024 * 1024)) ;;
-    *G) echo $((${v%G} * 1024 * 1024 * 1024)) ;;
-    *) echo "$v" ;;
-    esac
-}
+# shellcheck source=bench/scripts/sim_lib.sh
+. "$ROOT/bench/scripts/sim_lib.sh"
 
 NAME="cvo$$"
 WORK=$(mktemp -d /tmp/cluster_vs_openmpi.XXXXXX)
@@ -111,20 +104,7 @@ EOF
 chmod +x "$AGENT"
 HOSTS=$(seq -s, -f 'node%g' 0 $((NODES - 1)))
 
-echo "# iperf3 node0 -> node1 (5 s, 1 stream)" >&2
-node 1 iperf3 -s -1 -p 5201 >"$WORK/iperf3-server" 2>&1 &
-srv=$!
-for _ in $(seq 50); do
-    [[ -n $(node 1 ss -Hltn 'sport = :5201' 2>/dev/null) ]] && break
-    sleep 0.1
-done
-node 0 "${RT[@]}" iperf3 -c node1 -p 5201 -t 5 -f m >"$WORK/iperf3" 2>&1 || {
-    cat "$WORK/iperf3" >&2
-    die "iperf3 failed"
-}
-wait "$srv" 2>/dev/null || true
-IPERF=$(awk '/receiver/ { for (i = 1; i < NF; i++) if ($(i + 1) == "Mbits/sec") v = $i } END { print v }' "$WORK/iperf3")
-[[ -n $IPERF ]] || die "no iperf3 figure in $(cat "$WORK/iperf3")"
+IPERF=$(sim_iperf3 "$WORK" "${RT[@]}") || exit 1
 
 PORT=29600
 run_busbw() { # bytes iters warmup -> "time_us"

@@ -1123,11 +1123,8 @@ fn rendered_volcano_job_runs_with_the_pytorch_plugin() {
 }
 
 /// The shell in k8s/ (scripts, and the nightly runner embedded in its ConfigMap) parses.
-#[test]
-fn shell_scripts_parse() {
-    let mut scripts = Vec::new();
-    files(&repo().join("k8s"), ".sh", &mut scripts);
-    assert!(scripts.len() >= 2, "{scripts:?}");
+/// The nightly's ConfigMap (runner script and job template) as the renderer prints it.
+fn nightly_config_map() -> Value {
     let out = render(
         &[
             "--scheduler",
@@ -1142,12 +1139,20 @@ fn shell_scripts_parse() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cm = docs
-        .as_array()
+    docs.as_array()
         .unwrap()
         .iter()
         .find(|d| d["kind"] == "ConfigMap")
-        .expect("the nightly ConfigMap");
+        .expect("the nightly ConfigMap")
+        .clone()
+}
+
+#[test]
+fn shell_scripts_parse() {
+    let mut scripts = Vec::new();
+    files(&repo().join("k8s"), ".sh", &mut scripts);
+    assert!(scripts.len() >= 2, "{scripts:?}");
+    let cm = nightly_config_map();
     let runner = tmp("run.sh");
     std::fs::write(&runner, cm["data"]["run.sh"].as_str().unwrap()).unwrap();
     assert!(cm["data"]["job.yaml"]
@@ -1172,27 +1177,7 @@ fn shell_scripts_parse() {
 /// and a good run after it passes and is promoted.
 #[test]
 fn nightly_runner_keeps_the_last_good_baseline() {
-    let out = render(
-        &[
-            "--scheduler",
-            "volcano",
-            "--nightly",
-            "--report-pvc",
-            "r",
-            "-o",
-            "json",
-        ]
-        .map(String::from),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cm = docs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["kind"] == "ConfigMap")
-        .expect("the nightly ConfigMap")
-        .clone();
+    let cm = nightly_config_map();
     let dir = tmp("nightly");
     let (results, etc, bin) = (dir.join("results"), dir.join("etc"), dir.join("bin"));
     for d in [&results, &etc, &bin] {
