@@ -1,12 +1,13 @@
 //! `-g 1`: this rank's buffers on a CUDA device (feature `cuda`; docs/cuda.md).
 //!
-//! The collectives run over TCP and shared memory, which need host memory, so device data is
-//! staged at the algorithm boundary: before each operation the input is copied to pinned
-//! host memory in chunks alternating between two streams (two copy engines), the host
-//! algorithm runs on the pinned buffers, and the result is copied back the same way. The
-//! time of a row therefore includes the PCIe copies a job without GPUDirect pays. Each
-//! iteration is also timed with CUDA events on the device's stream; those laps are the
-//! per-iteration statistics of device rows.
+//! TCP and shared memory move host memory, so each device buffer has a pinned host twin and
+//! the device is attached to the communicator for the length of an operation
+//! (`collectives::offload`): ring, chain and tree algorithms copy their own input out per
+//! segment, reduce what arrives on the device and copy back only what travels on, all
+//! overlapped with the network; recursive doubling and the point-to-point collectives are
+//! staged around the operation. A row's time therefore includes the PCIe copies and device
+//! reductions a job without GPUDirect pays. Each iteration is also timed with CUDA events on
+//! the device's stream; those laps are the per-iteration statistics of device rows.
 //!
 //! Without feature `cuda` [`DeviceMem`] is uninhabited: the harness's device branches
 //! compile and are never taken.
@@ -183,17 +184,20 @@ mod imp {
     use super::*;
     use crate::specs::{Buf, Fill, Gen};
     use anyhow::Context;
-    use busbw_collectives::cuda::device::{CudaError, DeviceBuffer, EventTimer, Gpu, Pinned};
+    use busbw_collectives::cuda::device::{
+        CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Pinned,
+    };
     use busbw_collectives::cuda::gpudirect;
+    use busbw_collectives::cuda::offload::CudaOffload;
     use busbw_collectives::cuda::select::{select_device, Slot};
+    use busbw_collectives::Mirror;
 
-    /// Staging chunk: big enough to reach PCIe bandwidth, small enough that two pieces
-    /// overlap.
-    const STAGE_CHUNK: usize = 4 << 20;
-
-    /// A rank's device, its send/receive/expected buffers and their pinned twins.
+    /// A rank's device, its send/receive/expected buffers and their pinned twins. The
+    /// device lives in its [`CudaOffload`], which the communicator holds during each
+    /// operation (so the collectives reduce on the device and copy per segment).
     pub struct DeviceMem {
-        gpu: Gpu,
+        dev: Option<Box<CudaOffload>>,
+        info: GpuInfo,
         timer: EventTimer,
         send: DeviceBuffer,
         recv: DeviceBuffer,
@@ -307,6 +311,14 @@ mod imp {
         Ok(out)
     }
 
+    /// The device, when no operation holds it (always, between operations).
+    fn detached(dev: &mut Option<Box<CudaOffload>>) -> Result<&mut Gpu> {
+        match dev.as_mut() {
+            Some(d) => Ok(d.gpu()),
+            None => anyhow::bail!("the device is still attached to the communicator"),
+        }
+    }
+
     impl DeviceMem {
         /// Selects (nccl-tests' rule) and opens this rank's device.
         pub fn open(local_rank: usize, gpus: u32) -> Result<DeviceMem> {
@@ -325,8 +337,10 @@ mod imp {
             let timer = gpu.timer()?;
             let (send, recv) = (gpu.alloc(1)?, gpu.alloc(1)?);
             let (hsend, hrecv) = (gpu.alloc_pinned(1)?, gpu.alloc_pinned(1)?);
+            let info = gpu.info().clone();
             Ok(DeviceMem {
-                gpu,
+                dev: Some(Box::new(CudaOffload::new(gpu))),
+                info,
                 timer,
                 send,
                 recv,
@@ -337,7 +351,7 @@ mod imp {
         }
 
         pub fn line(&self) -> GpuLine {
-            let i = self.gpu.info();
+            let i = &self.info;
             GpuLine {
                 index: i.index,
                 pci: i.pci.clone(),
@@ -347,14 +361,18 @@ mod imp {
 
         /// How device data reaches `transport`, in words (printed once by rank 0).
         pub fn path(&self, transport: &str) -> String {
-            let staged = gpudirect::DevicePath::Staged.describe();
+            let staged = format!(
+                "{}, reductions on the device, copies per segment overlapped with the network \
+                 (ring, tree, chains; recursive doubling and point-to-point staged around the operation)",
+                gpudirect::DevicePath::Staged.describe()
+            );
             let could = gpudirect::choose(
                 transport.contains("verbs") || transport == "auto",
                 std::path::Path::new("/sys"),
-                self.gpu.info().dmabuf,
+                self.info.dmabuf,
             );
             match could {
-                gpudirect::DevicePath::Staged => staged.to_string(),
+                gpudirect::DevicePath::Staged => staged,
                 // The verbs transport registers host memory only so far (docs/cuda.md).
                 p => format!(
                     "{staged}; {} is available to RDMA peers, but the verbs transport does not register device memory yet",
@@ -364,7 +382,7 @@ mod imp {
         }
 
         pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
-            let g = &self.gpu;
+            let g = detached(&mut self.dev)?;
             let what = |b: usize, w: &str| format!("allocating {b} bytes of {w} memory; lower -e");
             self.send = g.alloc(send).with_context(|| what(send, "device send"))?;
             self.recv = g
@@ -395,8 +413,11 @@ mod imp {
                 .max(1)
         }
 
-        /// One operation on device data: stage the input out, run, stage the result in.
-        /// Returns the CUDA-event time of the whole when `timed`.
+        /// One operation on device data: the collective runs on the pinned twins with the
+        /// device attached to the communicator, so ring, chain and tree reduce on the device
+        /// and copy per segment, overlapped with the network, and the other algorithms are
+        /// staged around (`collectives::offload`). Returns the CUDA-event time of the whole
+        /// when `timed`.
         pub fn op(
             &mut self,
             comm: &mut Communicator,
@@ -410,23 +431,51 @@ mod imp {
             let span = sb.max(rb);
             let soff = soff.min(self.send.len().saturating_sub(sb));
             let roff = roff.min(self.recv.len().saturating_sub(span));
-            if timed {
-                self.timer.start(&self.gpu)?;
+            let Some(mut dev) = self.dev.take() else {
+                anyhow::bail!("the device is still attached to the communicator");
+            };
+            let prepared = (|| -> Result<()> {
+                let hs = self.hsend.as_mut_slice()?;
+                let hr = self.hrecv.as_mut_slice()?;
+                let mirrors = vec![
+                    Mirror {
+                        host: hs.as_mut_ptr(),
+                        device: dev.gpu().address(&self.send, soff)?,
+                        len: sb,
+                    },
+                    Mirror {
+                        host: hr.as_mut_ptr(),
+                        device: dev.gpu().address(&self.recv, roff)?,
+                        len: span,
+                    },
+                ];
+                dev.set_mirrors(mirrors)?;
+                if timed {
+                    self.timer.start(dev.gpu())?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = prepared {
+                self.dev = Some(dev);
+                return Err(e);
             }
-            let hs = self.hsend.as_mut_slice()?;
-            let hr = self.hrecv.as_mut_slice()?;
-            if ctx.in_place {
-                self.gpu
-                    .download(&mut hr[..span], &self.recv, roff, STAGE_CHUNK)?;
-            } else {
-                self.gpu
-                    .download(&mut hs[..sb], &self.send, soff, STAGE_CHUNK)?;
+            comm.set_offload(Some(dev));
+            let ran = match (self.hsend.as_mut_slice(), self.hrecv.as_mut_slice()) {
+                (Ok(hs), Ok(hr)) => run(comm, &hs[..sb], &mut hr[..span], ctx).map_err(Into::into),
+                (Err(e), _) | (_, Err(e)) => Err(anyhow::Error::from(e)),
+            };
+            match comm
+                .set_offload(None)
+                .map(|b| b.into_any().downcast::<CudaOffload>())
+            {
+                Some(Ok(d)) => self.dev = Some(d),
+                _ => anyhow::bail!("the communicator did not give the device back"),
             }
-            run(comm, &hs[..sb], &mut hr[..span], ctx)?;
-            self.gpu
-                .upload(&mut self.recv, roff, &hr[..span], STAGE_CHUNK)?;
+            ran?;
             if timed {
-                self.timer.stop(&self.gpu)?;
+                if let Some(d) = self.dev.as_mut() {
+                    self.timer.stop(d.gpu())?;
+                }
                 return Ok(Some(self.timer.elapsed_s()?));
             }
             Ok(None)
@@ -445,12 +494,11 @@ mod imp {
             corrupt: bool,
         ) -> Result<u64> {
             let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
-            // The pinned twin too: out of place, the staged result is uploaded whole, and
-            // what the collective leaves alone (a non-root's receive buffer) must stay zero.
-            self.gpu.zero(&mut self.recv, 0, span)?;
-            self.hrecv.as_mut_slice()?[..span].fill(0);
+            // The device holds the truth; the twins are only staging.
+            let gpu = detached(&mut self.dev)?;
+            gpu.zero(&mut self.recv, 0, span)?;
             let mut f = DeviceFill {
-                gpu: &mut self.gpu,
+                gpu,
                 dtype: ctx.dtype,
                 send: &mut self.send,
                 recv: &mut self.recv,
@@ -462,20 +510,20 @@ mod imp {
                 return Err(e).context("making validation data on the device");
             }
             self.op(comm, run, ctx, 0, 0, false)?;
+            let gpu = detached(&mut self.dev)?;
             if corrupt && !checked.is_empty() {
-                let hr = self.hrecv.as_mut_slice()?;
                 let at = checked.start;
-                self.gpu.download(&mut hr[at..at + 1], &self.recv, at, 1)?;
-                hr[at] ^= 0x01;
-                let b = [hr[at]];
-                self.gpu.upload(&mut self.recv, at, &b, 1)?;
+                let mut b = [0u8];
+                gpu.download(&mut b, &self.recv, at, 1)?;
+                b[0] ^= 0x01;
+                gpu.upload(&mut self.recv, at, &b, 1)?;
             }
             let elen = checked.len();
             let Some(de) = &self.expected else {
                 return Ok(0);
             };
             let es = ctx.dtype.size();
-            Ok(self.gpu.count_wrong(
+            Ok(gpu.count_wrong(
                 &self.recv,
                 checked.start,
                 de,

@@ -10,6 +10,7 @@ use crate::communicator::Communicator;
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::error::CommError;
+use crate::offload;
 use crate::ring::{
     bytes_of, pipeline_segment, premultiplied, run_ring, scratch, Chunks, Data, RingPlan,
 };
@@ -152,8 +153,9 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
     root: usize,
 ) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
-    if r == root && !std::ptr::eq(src, dst) && count > 0 {
-        std::ptr::copy_nonoverlapping(src, dst, count);
+    if r == root {
+        let bytes = count * std::mem::size_of::<T>();
+        offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "broadcast")?;
     }
     if n == 1 || count == 0 {
         comm.next_tag();
@@ -190,19 +192,25 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     let (n, r) = (comm.size(), comm.rank());
     if n == 1 || count == 0 {
         comm.next_tag();
-        if !std::ptr::eq(src, dst) && count > 0 {
-            std::ptr::copy_nonoverlapping(src, dst, count);
-        }
-        return Ok(());
+        let bytes = count * std::mem::size_of::<T>();
+        return offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "reduce");
     }
     // Position along the chain: root+1 first, root last.
     let pos = (r + n - root - 1) % n;
     let is_root = r == root;
     // Intermediate partial sums go to scratch: a non-root's receive buffer must stay as is.
+    let esize = std::mem::size_of::<T>();
+    let near = [
+        (src as *const u8, count * esize),
+        (dst as *const u8, count * esize),
+    ];
     let out = if is_root {
         dst
     } else {
-        scratch::<T>(comm, count)?
+        match offload::scratch_near(comm, count * esize, &near, "reduce")? {
+            Some(p) => p as *mut T,
+            None => scratch::<T>(comm, count)?,
+        }
     };
     let first = pos == 0;
     let plan = ChainPlan {

@@ -28,6 +28,12 @@ pub enum CommError {
         bytes: usize,
         what: &'static str,
     },
+    #[error("rank {rank}: {during}: device: {cause}")]
+    Device {
+        rank: usize,
+        during: String,
+        cause: crate::offload::OffloadError,
+    },
     #[error("{0}")]
     Invalid(String),
 }

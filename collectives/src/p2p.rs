@@ -8,6 +8,7 @@
 use crate::communicator::{Communicator, Waiter};
 use crate::dtype::DataType;
 use crate::error::CommError;
+use crate::offload;
 use crate::ring::{bytes_of, scratch, Data, Regs};
 use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 
@@ -184,6 +185,18 @@ pub fn alltoall(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "alltoall", &inputs, &outputs, |comm| {
+        alltoall_host(comm, data, count, dtype)
+    })
+}
+
+fn alltoall_host(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
     let block = bytes_of(count, dtype)?;
     let total = block * n;
@@ -231,6 +244,19 @@ pub fn alltoall(
 /// Scatter: block j of `root`'s input (`count` elements each) goes to rank j. In place, the
 /// buffer is the input and rank r's output is its block r.
 pub fn scatter(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "scatter", &inputs, &outputs, |comm| {
+        scatter_host(comm, data, count, dtype, root)
+    })
+}
+
+fn scatter_host(
     comm: &mut Communicator,
     data: Data<'_>,
     count: usize,
@@ -288,6 +314,19 @@ pub fn gather(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "gather", &inputs, &outputs, |comm| {
+        gather_host(comm, data, count, dtype, root)
+    })
+}
+
+fn gather_host(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    root: usize,
+) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
     if root >= n {
         return Err(CommError::Invalid(format!(
@@ -331,6 +370,18 @@ pub fn gather(
 
 /// SendRecv: send `count` elements to rank+1 and receive as many from rank-1 (a ring shift).
 pub fn sendrecv(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "sendrecv", &inputs, &outputs, |comm| {
+        sendrecv_host(comm, data, count, dtype)
+    })
+}
+
+fn sendrecv_host(
     comm: &mut Communicator,
     data: Data<'_>,
     count: usize,
@@ -381,6 +432,18 @@ pub fn sendrecv(
 /// HyperCube AllGather (recursive doubling): in round i each rank swaps everything it has
 /// gathered so far with rank `r ^ 2^i`. Needs a power-of-two rank count.
 pub fn hypercube(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "hypercube", &inputs, &outputs, |comm| {
+        hypercube_host(comm, data, count, dtype)
+    })
+}
+
+fn hypercube_host(
     comm: &mut Communicator,
     data: Data<'_>,
     count: usize,

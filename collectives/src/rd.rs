@@ -21,6 +21,7 @@ use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, Element};
 use crate::error::CommError;
+use crate::offload;
 use crate::ring::{bytes_of, premultiplied, Data};
 use crate::with_dtype;
 use busbw_transports::{MemRegion, MemoryKind, RecvComm, Registration, SendComm};
@@ -40,12 +41,16 @@ pub fn rd_all_reduce(
 ) -> Result<(), CommError> {
     let bytes = bytes_of(count, dtype)?;
     let b = data.bufs(comm.rank(), "rd_all_reduce", bytes, bytes, dtype, (0, 0))?;
-    with_dtype!(dtype, T => {
-        // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
-        unsafe {
-            let src = premultiplied(comm, op, b.src as *const T, count)?;
-            rd_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
-        }
+    // Recursive doubling reduces on the host: device data is staged around it.
+    let (inputs, outputs) = ([(b.src, bytes)], [(b.dst, bytes)]);
+    offload::around(comm, "rd_all_reduce", &inputs, &outputs, |comm| {
+        with_dtype!(dtype, T => {
+            // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
+            unsafe {
+                let src = premultiplied(comm, op, b.src as *const T, count)?;
+                rd_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+            }
+        })
     })
 }
 

@@ -24,6 +24,7 @@ use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace_par, reduce_into_par, scale_into, Element};
 use crate::error::CommError;
+use crate::offload::{self, Offload, Reduce, Ticket};
 use crate::with_dtype;
 use busbw_transports::{MemRegion, MemoryKind, Registration, RequestId};
 use std::collections::VecDeque;
@@ -46,6 +47,22 @@ pub(crate) struct Bufs {
 }
 
 impl Data<'_> {
+    /// The call's input and output ranges, for staging device data around an algorithm
+    /// (in place, the one buffer is both).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn ranges(&self) -> (Vec<(*const u8, usize)>, Vec<(*mut u8, usize)>) {
+        match self {
+            Data::InPlace(b) => (
+                vec![(b.as_ptr(), b.len())],
+                vec![(b.as_ptr() as *mut u8, b.len())],
+            ),
+            Data::OutOfPlace { send, recv } => (
+                vec![(send.as_ptr(), send.len())],
+                vec![(recv.as_ptr() as *mut u8, recv.len())],
+            ),
+        }
+    }
+
     pub(crate) fn bufs(
         self,
         rank: usize,
@@ -277,6 +294,14 @@ struct PendingRecv {
     t: usize,
     k: usize,
     slot: usize,
+    /// The device reduction of what arrived, once issued.
+    ticket: Option<Ticket>,
+}
+
+fn no_device(rank: usize, name: &str) -> CommError {
+    CommError::Invalid(format!(
+        "rank {rank}: {name}: a device reduction is pending but the call has no device"
+    ))
 }
 
 /// Registers `(ptr, elems)` regions and finds the one holding a pointer.
@@ -360,6 +385,9 @@ pub(crate) unsafe fn premultiplied<T: Element>(
     if op != ReduceOp::MulSum || elems == 0 {
         return Ok(src);
     }
+    if let Some(p) = offload::premultiply_near(comm, src as *const u8, elems, T::DTYPE)? {
+        return Ok(p as *const T);
+    }
     let bytes = elems * std::mem::size_of::<T>();
     if comm.premul.ensure(bytes).is_none() {
         return Err(CommError::OutOfMemory {
@@ -414,13 +442,46 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     channel: u32,
     name: &'static str,
 ) -> Result<(), CommError> {
+    let esize = std::mem::size_of::<T>();
+    let ranges: Vec<(*const u8, usize)> = plan
+        .regions()
+        .iter()
+        .map(|&(p, e)| (p as *const u8, e * esize))
+        .collect();
+    let mut dev = comm.take_offload(&ranges);
+    let result = run_ring_on(comm, plan, ch, op, channel, name, dev.as_deref_mut());
+    offload::finish(comm, dev, result, name)
+}
+
+/// [`run_ring`] with the plan's buffers on `dev` when given (see [`crate::offload`]): own
+/// input is downloaded before it is sent, received segments are reduced on the device (and
+/// downloaded only if they travel on), received final segments are uploaded, and a send or
+/// staging slot is released only when its ticket is complete.
+///
+/// # Safety
+/// As [`run_ring`].
+unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
+    comm: &mut Communicator,
+    plan: &P,
+    ch: &Chunks,
+    op: ReduceOp,
+    channel: u32,
+    name: &'static str,
+    mut dev: Option<&mut (dyn Offload + 'static)>,
+) -> Result<(), CommError> {
     let n = comm.size();
     let r = comm.rank();
     let tag = comm.next_tag();
     let esize = std::mem::size_of::<T>();
     let window = comm.config().window;
     let steps = plan.steps();
-    let stage = staging::<T>(comm, ch.seg)?;
+    let stage = match dev.as_deref_mut() {
+        Some(d) => d
+            .staging(window * ch.seg * esize)
+            .map_err(offload::err(r, name))? as *mut T,
+        None => staging::<T>(comm, ch.seg)?,
+    };
+    let dev_err = offload::err(r, name);
     let mut regions = plan.regions();
     regions.push((stage as *const T, window * ch.seg));
     let regs = Regs::new(comm, &regions)?;
@@ -466,11 +527,15 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     };
     // Sends of our own input are ready at once; each processed receive releases the send of
     // the segment it completed.
-    let mut ready = if steps > 0 {
+    let initial = if steps > 0 && send.is_some() {
         plan.initially_ready(ch)
     } else {
         0
     };
+    // Sends go in cursor order: first the `initial` ones of our own input (on a device,
+    // sendable once their download is complete), then one per released receive.
+    let mut downloads: VecDeque<Ticket> = VecDeque::new();
+    let (mut downloaded, mut released) = (0, 0);
     let mut send_cur = Cursor::start(send_chunk, ch, steps);
     let mut recv_cur = Cursor::start(recv_chunk, ch, steps);
     let (mut sends_posted, mut sends_done, mut recvs_posted, mut recvs_done) = (0, 0, 0, 0);
@@ -480,8 +545,35 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     let pool = comm.reduce_pool();
 
     let result = (|| -> Result<(), CommError> {
+        match dev.as_deref_mut() {
+            Some(d) => {
+                let mut c = Cursor::start(send_chunk, ch, steps);
+                for _ in 0..initial {
+                    let (off, len) = ch.segment(send_chunk(c.t), c.k);
+                    let p = plan.send_from(c.t, off) as *const u8;
+                    downloads.push_back(d.download(p, len * esize).map_err(&dev_err)?);
+                    c.advance(send_chunk, ch, steps);
+                }
+            }
+            None => downloaded = initial,
+        }
         while sends_done < total_sends || recvs_done < total_recvs {
             let mut progressed = false;
+            if let Some(d) = dev.as_deref_mut() {
+                while let Some(&t) = downloads.front() {
+                    if !d.complete(t).map_err(&dev_err)? {
+                        break;
+                    }
+                    downloads.pop_front();
+                    downloaded += 1;
+                    progressed = true;
+                }
+            }
+            let ready = if downloaded < initial {
+                downloaded
+            } else {
+                initial + released
+            };
 
             while let Some(send) = send
                 .as_mut()
@@ -527,59 +619,109 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
                 // this receive completes.
                 let id = unsafe { recv.irecv(regs.find(p, len * esize), p, len * esize, tag) }
                     .map_err(transport_err(left, "receiving from"))?;
-                recvs_inflight.push_back(PendingRecv { id, t, k, slot });
+                recvs_inflight.push_back(PendingRecv {
+                    id,
+                    t,
+                    k,
+                    slot,
+                    ticket: None,
+                });
                 recvs_posted += 1;
                 recv_cur.advance(recv_chunk, ch, steps);
                 progressed = true;
             }
-            while let (Some(p), Some(recv)) = (recvs_inflight.front(), recv.as_mut()) {
-                let got = recv
-                    .test(p.id)
-                    .map_err(transport_err(left, "receiving from"))?;
-                let Some(got) = got else { break };
+            while let (Some(p), Some(recv)) = (recvs_inflight.front_mut(), recv.as_mut()) {
                 let (off, len) = ch.segment(recv_chunk(p.t), p.k);
-                if got != len * esize {
-                    return Err(CommError::short_message(r, name, left, got, len * esize));
-                }
-                if plan.reduces(p.t) {
+                if let Some(ticket) = p.ticket {
+                    // Reduced on the device: the slot and the forward wait for it.
+                    let d = dev.as_deref_mut().ok_or_else(|| no_device(r, name))?;
+                    if !d.complete(ticket).map_err(&dev_err)? {
+                        break;
+                    }
+                } else {
+                    let got = recv
+                        .test(p.id)
+                        .map_err(transport_err(left, "receiving from"))?;
+                    let Some(got) = got else { break };
+                    if got != len * esize {
+                        return Err(CommError::short_message(r, name, left, got, len * esize));
+                    }
                     let out_p = plan.reduce_out(p.t, off);
                     let in_p = plan.reduce_in(p.t, off);
-                    // SAFETY: the staging slot, the local contribution and the output
-                    // segment are valid for `len` elements and touched by no in-flight
-                    // request; output and input are either identical or disjoint.
-                    let staged = std::slice::from_raw_parts(stage.add(p.slot * ch.seg), len);
-                    let out = std::slice::from_raw_parts_mut(out_p, len);
-                    if std::ptr::eq(out_p as *const T, in_p) {
-                        reduce_inplace_par(op, out, staged, pool.as_deref());
-                    } else {
-                        let mine = std::slice::from_raw_parts(in_p, len);
-                        reduce_into_par(op, out, mine, staged, pool.as_deref());
-                    }
-                    if op == ReduceOp::Avg && plan.is_final(p.t) {
-                        finish_avg(out, n);
+                    let staged_p = stage.add(p.slot * ch.seg);
+                    let avg_over = (op == ReduceOp::Avg && plan.is_final(p.t)).then_some(n);
+                    match dev.as_deref_mut() {
+                        Some(d) if plan.reduces(p.t) => {
+                            let job = Reduce {
+                                out: out_p as *mut u8,
+                                mine: in_p as *const u8,
+                                staged: staged_p as *const u8,
+                                elems: len,
+                                dtype: T::DTYPE,
+                                op,
+                                avg_over,
+                                download: plan.releases_send(p.t),
+                            };
+                            p.ticket = Some(d.reduce(job).map_err(&dev_err)?);
+                            progressed = true;
+                            continue;
+                        }
+                        Some(d) => {
+                            // Final data arrived in the twin: the device gets it while it
+                            // travels on (the call syncs before it returns).
+                            let at = plan.recv_into(p.t, off) as *const u8;
+                            d.upload(at, len * esize).map_err(&dev_err)?;
+                        }
+                        None if plan.reduces(p.t) => {
+                            // SAFETY: the staging slot, the local contribution and the
+                            // output segment are valid for `len` elements and touched by no
+                            // in-flight request; output and input are either identical or
+                            // disjoint.
+                            let staged = std::slice::from_raw_parts(staged_p, len);
+                            let out = std::slice::from_raw_parts_mut(out_p, len);
+                            if std::ptr::eq(out_p as *const T, in_p) {
+                                reduce_inplace_par(op, out, staged, pool.as_deref());
+                            } else {
+                                let mine = std::slice::from_raw_parts(in_p, len);
+                                reduce_into_par(op, out, mine, staged, pool.as_deref());
+                            }
+                            if avg_over.is_some() {
+                                finish_avg(out, n);
+                            }
+                        }
+                        None => {}
                     }
                 }
                 if plan.releases_send(p.t) {
-                    ready += 1;
+                    released += 1;
                 }
                 recvs_inflight.pop_front();
                 recvs_done += 1;
                 progressed = true;
             }
 
+            let device_busy =
+                !downloads.is_empty() || recvs_inflight.front().is_some_and(|p| p.ticket.is_some());
             if progressed {
                 waiter.progressed();
             } else if waiter.idle(comm, || {
-                if recvs_done < total_recvs {
+                if device_busy {
+                    (r, format!("waiting for the device ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
+                } else if recvs_done < total_recvs {
                     (left, format!("waiting for data from rank {left} ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
                 } else {
                     (right, format!("waiting for rank {right} to take data ({name} call {tag}, {sends_done}/{total_sends} segments sent)"))
                 }
             })? {
-                waiter.sleep_pair(
-                    recv.as_deref_mut().filter(|_| recvs_done < total_recvs),
-                    send.as_deref_mut().filter(|_| !sends_inflight.is_empty()),
-                );
+                if device_busy {
+                    // The device signals nothing a poll(2) could wait on.
+                    std::thread::yield_now();
+                } else {
+                    waiter.sleep_pair(
+                        recv.as_deref_mut().filter(|_| recvs_done < total_recvs),
+                        send.as_deref_mut().filter(|_| !sends_inflight.is_empty()),
+                    );
+                }
             }
         }
         Ok(())
@@ -666,10 +808,8 @@ pub(crate) unsafe fn all_reduce_raw<T: Element>(
     let n = comm.size();
     if n == 1 || count == 0 {
         comm.next_tag();
-        if !std::ptr::eq(src, dst) && count > 0 {
-            std::ptr::copy_nonoverlapping(src, dst, count);
-        }
-        return Ok(());
+        let bytes = count * std::mem::size_of::<T>();
+        return offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "all_reduce");
     }
     let ch = Chunks {
         base: count / n,
@@ -760,13 +900,19 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
     let r = comm.rank();
     if n == 1 || rc == 0 {
         comm.next_tag();
-        let mine = src.add(r * rc);
-        if !std::ptr::eq(mine, dst) && rc > 0 {
-            std::ptr::copy_nonoverlapping(mine, dst, rc);
-        }
-        return Ok(());
+        let mine = src.add(r * rc) as *const u8;
+        let bytes = rc * std::mem::size_of::<T>();
+        return offload::local_copy(comm, dst as *mut u8, mine, bytes, "reduce_scatter");
     }
-    let acc = scratch::<T>(comm, n * rc)?;
+    let esize = std::mem::size_of::<T>();
+    let near = [
+        (src as *const u8, n * rc * esize),
+        (dst as *const u8, rc * esize),
+    ];
+    let acc = match offload::scratch_near(comm, n * rc * esize, &near, "reduce_scatter")? {
+        Some(p) => p as *mut T,
+        None => scratch::<T>(comm, n * rc)?,
+    };
     let ch = Chunks {
         base: rc,
         rem: 0,
@@ -835,9 +981,8 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
     let n = comm.size();
     let r = comm.rank();
     let mine = dst.add(r * sc);
-    if !std::ptr::eq(src, mine) && sc > 0 {
-        std::ptr::copy_nonoverlapping(src, mine, sc);
-    }
+    let bytes = sc * std::mem::size_of::<T>();
+    offload::local_copy(comm, mine as *mut u8, src as *const u8, bytes, "all_gather")?;
     if n == 1 || sc == 0 {
         comm.next_tag();
         return Ok(());

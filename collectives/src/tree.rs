@@ -37,6 +37,7 @@ use crate::communicator::{Communicator, Waiter};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, reduce_into, Element};
 use crate::error::CommError;
+use crate::offload::{self, Offload, Reduce, Ticket};
 use crate::ring::{bytes_of, premultiplied, segment_elems, Data, Regs};
 use crate::with_dtype;
 use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
@@ -299,6 +300,8 @@ struct Link<C: ?Sized> {
     peer: usize,
     comm: Box<C>,
     inflight: VecDeque<(RequestId, usize)>,
+    /// Received chunks being reduced on the device: their slots stay taken until then.
+    reducing: VecDeque<Ticket>,
     posted: usize,
     done: usize,
 }
@@ -309,6 +312,7 @@ impl<C: ?Sized> Link<C> {
             peer,
             comm,
             inflight: VecDeque::new(),
+            reducing: VecDeque::new(),
             posted: 0,
             done: 0,
         }
@@ -333,6 +337,10 @@ struct Tree {
     /// Root only: chunks complete and finished (avg applied).
     finished: usize,
     slot0: usize,
+    /// Chunks of our own input ready to send up: all of them on the host; on a device, those
+    /// whose download (tickets in `downloads`) is complete. Only a leaf sends its input.
+    own_ready: usize,
+    downloads: VecDeque<Ticket>,
 }
 
 impl Tree {
@@ -342,7 +350,12 @@ impl Tree {
             .iter()
             .map(|l| l.done)
             .min()
-            .unwrap_or(self.geo.chunks)
+            .unwrap_or(self.own_ready)
+    }
+
+    /// Whether the device has work this tree waits for (nothing a poll(2) could see).
+    fn device_busy(&self) -> bool {
+        !self.downloads.is_empty() || self.from_children.iter().any(|l| !l.reducing.is_empty())
     }
 
     /// Chunks holding the final result in the output.
@@ -567,16 +580,44 @@ impl<T: Element> Ctx<'_, T> {
     ///
     /// # Safety
     /// `src` and `dst` are valid for the call's count and `stage` for every tree's slots.
-    unsafe fn pass(&self, tr: &mut Tree) -> Result<bool, CommError> {
+    unsafe fn pass(
+        &self,
+        tr: &mut Tree,
+        mut dev: Option<&mut (dyn Offload + 'static)>,
+    ) -> Result<bool, CommError> {
         let (w, t, g, op) = (self.window, tr.t, tr.geo, self.op);
         let in_place = std::ptr::eq(self.src, self.dst);
         let mut progressed = false;
+        let esize = std::mem::size_of::<T>();
+        let dev_err = offload::err(self.r, "tree_all_reduce");
+
+        if let Some(d) = dev.as_deref_mut() {
+            while let Some(&tk) = tr.downloads.front() {
+                if !d.complete(tk).map_err(&dev_err)? {
+                    break;
+                }
+                tr.downloads.pop_front();
+                tr.own_ready += 1;
+                progressed = true;
+            }
+            for l in tr.from_children.iter_mut() {
+                while let Some(&tk) = l.reducing.front() {
+                    if !d.complete(tk).map_err(&dev_err)? {
+                        break;
+                    }
+                    l.reducing.pop_front();
+                    l.done += 1;
+                    progressed = true;
+                }
+            }
+        }
 
         // Up, receive: a child's chunk lands in a staging slot and is reduced at once, so a
         // slot is free whenever fewer than `window` receives are in flight on its link.
+        let n_children = tr.from_children.len();
         for (i, l) in tr.from_children.iter_mut().enumerate() {
             let slot = |k: usize| self.stage.add((tr.slot0 + i * w + k % w) * self.slot_elems);
-            while l.posted < g.chunks && l.inflight.len() < w {
+            while l.posted < g.chunks && l.inflight.len() + l.reducing.len() < w {
                 let k = l.posted;
                 self.irecv(t, l, k, slot(k), g.chunk(k).1)?;
                 progressed = true;
@@ -588,19 +629,41 @@ impl<T: Element> Ctx<'_, T> {
                     .map_err(self.err(t, l.peer, "receiving from"))?;
                 let Some(got) = got else { break };
                 let (off, len) = g.chunk(k);
-                self.check_len(l.peer, got, len * std::mem::size_of::<T>())?;
+                self.check_len(l.peer, got, len * esize)?;
+                let mine_p = if tr.reduced[k] == 0 && !in_place {
+                    self.src.add(off)
+                } else {
+                    self.dst.add(off) as *const T
+                };
+                l.inflight.pop_front();
+                tr.reduced[k] += 1;
+                progressed = true;
+                if let Some(d) = dev.as_deref_mut() {
+                    // The last child's sum finishes the chunk: it goes up (downloaded) or,
+                    // at the root, gets avg's division and goes down.
+                    let last = usize::from(tr.reduced[k]) == n_children;
+                    let job = Reduce {
+                        out: self.dst.add(off) as *mut u8,
+                        mine: mine_p as *const u8,
+                        staged: slot(k) as *const u8,
+                        elems: len,
+                        dtype: T::DTYPE,
+                        op,
+                        avg_over: (last && tr.is_root && op == ReduceOp::Avg).then_some(self.n),
+                        download: last && (tr.to_parent.is_some() || !tr.to_children.is_empty()),
+                    };
+                    l.reducing.push_back(d.reduce(job).map_err(&dev_err)?);
+                    continue;
+                }
                 let staged = std::slice::from_raw_parts(slot(k), len);
                 let out = std::slice::from_raw_parts_mut(self.dst.add(off), len);
-                if tr.reduced[k] == 0 && !in_place {
-                    let mine = std::slice::from_raw_parts(self.src.add(off), len);
-                    reduce_into(op, out, mine, staged);
-                } else {
+                if std::ptr::eq(mine_p, self.dst.add(off)) {
                     reduce_inplace(op, out, staged);
+                } else {
+                    let mine = std::slice::from_raw_parts(mine_p, len);
+                    reduce_into(op, out, mine, staged);
                 }
-                tr.reduced[k] += 1;
-                l.inflight.pop_front();
                 l.done += 1;
-                progressed = true;
             }
         }
         let ready = tr.up_ready();
@@ -608,6 +671,19 @@ impl<T: Element> Ctx<'_, T> {
         if tr.is_root {
             while tr.finished < ready {
                 let (off, len) = g.chunk(tr.finished);
+                if let Some(d) = dev.as_deref_mut() {
+                    // The last child's reduction divided and downloaded the chunk; a root
+                    // without children (one rank) has only its input to copy.
+                    if tr.from_children.is_empty() && !in_place {
+                        let (dp, sp) =
+                            (self.dst.add(off) as *mut u8, self.src.add(off) as *const u8);
+                        d.copy(dp, sp, len * esize, true).map_err(&dev_err)?;
+                        d.sync().map_err(&dev_err)?;
+                    }
+                    tr.finished += 1;
+                    progressed = true;
+                    continue;
+                }
                 if tr.from_children.is_empty() && !in_place {
                     std::ptr::copy_nonoverlapping(self.src.add(off), self.dst.add(off), len);
                 }
@@ -653,7 +729,13 @@ impl<T: Element> Ctx<'_, T> {
                     .test(id)
                     .map_err(self.err(t, l.peer, "receiving from"))?;
                 let Some(got) = got else { break };
-                self.check_len(l.peer, got, g.chunk(k).1 * std::mem::size_of::<T>())?;
+                let (off, len) = g.chunk(k);
+                self.check_len(l.peer, got, len * esize)?;
+                if let Some(d) = dev.as_deref_mut() {
+                    // Final data in the twin: the device gets it while it travels down.
+                    let at = self.dst.add(off) as *const u8;
+                    d.upload(at, len * esize).map_err(&dev_err)?;
+                }
                 l.inflight.pop_front();
                 l.done += 1;
                 progressed = true;
@@ -718,10 +800,14 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     let (n, r) = (comm.size(), comm.rank());
     let tag = comm.next_tag();
     if n == 1 || count == 0 {
-        if !std::ptr::eq(src, dst) && count > 0 {
-            std::ptr::copy_nonoverlapping(src, dst, count);
-        }
-        return Ok(());
+        let bytes = count * std::mem::size_of::<T>();
+        return offload::local_copy(
+            comm,
+            dst as *mut u8,
+            src as *const u8,
+            bytes,
+            "tree_all_reduce",
+        );
     }
     let esize = std::mem::size_of::<T>();
     let window = comm.config().window;
@@ -758,26 +844,69 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             reduced: vec![0; chunks],
             finished: 0,
             slot0: slots,
+            own_ready: chunks,
+            downloads: VecDeque::new(),
         });
         slots += links[t].children.len() * window;
     }
 
     let stage_bytes = slots * slot_elems * esize;
-    if comm.staging.ensure(stage_bytes).is_none() {
-        return Err(CommError::OutOfMemory {
-            rank: r,
-            bytes: stage_bytes,
-            what: "tree staging buffers",
-        });
-    }
-    let stage = comm.staging.as_mut_slice().as_mut_ptr() as *mut T;
+    let bytes = count * esize;
+    let mut dev = comm.take_offload(&[(src as *const u8, bytes), (dst as *const u8, bytes)]);
+    let result = run_trees(
+        comm,
+        src,
+        dst,
+        count,
+        op,
+        (trees, &links),
+        (stage_bytes, slot_elems),
+        tag,
+        dev.as_deref_mut(),
+    );
+    offload::finish(comm, dev, result, "tree_all_reduce")
+}
+
+/// The trees' progress loop, on `dev` when given (see [`crate::offload`]).
+///
+/// # Safety
+/// As [`tree_all_reduce_raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_trees<T: Element>(
+    comm: &mut Communicator,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    op: ReduceOp,
+    (mut trees, links): (Vec<Tree>, &[RankLinks; 2]),
+    (stage_bytes, slot_elems): (usize, usize),
+    tag: u32,
+    mut dev: Option<&mut (dyn Offload + 'static)>,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    let window = comm.config().window;
+    let dev_err = offload::err(r, "tree_all_reduce");
+    let stage = match dev.as_deref_mut() {
+        Some(d) => d.staging(stage_bytes).map_err(&dev_err)? as *mut T,
+        None => {
+            if comm.staging.ensure(stage_bytes).is_none() {
+                return Err(CommError::OutOfMemory {
+                    rank: r,
+                    bytes: stage_bytes,
+                    what: "tree staging buffers",
+                });
+            }
+            comm.staging.as_mut_slice().as_mut_ptr() as *mut T
+        }
+    };
+    let slots = stage_bytes / (slot_elems * std::mem::size_of::<T>()).max(1);
     let mut regions = vec![(src, count), (dst as *const T, count)];
     if stage_bytes > 0 {
         regions.push((stage as *const T, slots * slot_elems));
     }
     let regs = Regs::new(comm, &regions)?;
 
-    let result = connect(comm, &links, &mut trees).and_then(|()| {
+    let result = connect(comm, links, &mut trees).and_then(|()| {
         let ctx = Ctx {
             n,
             r,
@@ -790,12 +919,29 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             window,
             regs: &regs,
         };
+        if let Some(d) = dev.as_deref_mut() {
+            // A leaf sends its own input up: once each chunk is off the device.
+            for tr in trees
+                .iter_mut()
+                .filter(|tr| tr.from_children.is_empty() && tr.to_parent.is_some())
+            {
+                tr.own_ready = 0;
+                for k in 0..tr.geo.chunks {
+                    let (off, len) = tr.geo.chunk(k);
+                    let p = src.add(off) as *const u8;
+                    tr.downloads.push_back(
+                        d.download(p, len * std::mem::size_of::<T>())
+                            .map_err(&dev_err)?,
+                    );
+                }
+            }
+        }
         let mut waiter = Waiter::new(comm);
         let mut on = Vec::with_capacity(16);
         while !trees.iter().all(Tree::complete) {
             let mut progressed = false;
             for tr in trees.iter_mut() {
-                progressed |= ctx.pass(tr)?;
+                progressed |= ctx.pass(tr, dev.as_deref_mut())?;
             }
             if progressed {
                 waiter.progressed();
@@ -808,7 +954,10 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
                     .map(|(p, what)| (p, format!("{what}, tree_all_reduce call {tag}")))
                     .unwrap_or((r, format!("tree_all_reduce call {tag}")))
             })?;
-            if sleep {
+            if sleep && trees.iter().any(Tree::device_busy) {
+                // The device signals nothing a poll(2) could wait on.
+                std::thread::yield_now();
+            } else if sleep {
                 on.clear();
                 for tr in trees.iter_mut() {
                     tr.sleep_on(&mut on);

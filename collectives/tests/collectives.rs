@@ -1,11 +1,13 @@
 //! Every collective against a reference computed without the engine: plain loops over every
 //! rank's input (reductions: the fold of all inputs, exact in any order by construction).
 
+use busbw_collectives::offload::sim::{Counts, SimDevice};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
-    all_gather, alltoall, broadcast, gather, hypercube, reduce, reduce_scatter, scatter, sendrecv,
-    CommConfig, CommError, Communicator, Data, DataType, ReduceOp,
+    all_gather, all_reduce, alltoall, broadcast, gather, hypercube, rd_all_reduce, reduce,
+    reduce_scatter, scatter, sendrecv, tree_all_reduce, CommConfig, CommError, Communicator, Data,
+    DataType, Mirror, ReduceOp,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -21,6 +23,10 @@ enum Kind {
     Gather,
     SendRecv,
     HyperCube,
+    /// The AllReduce algorithms (their own files test them on host memory; here on a device).
+    AllReduce,
+    TreeAllReduce,
+    RdAllReduce,
 }
 
 const KINDS: [Kind; 9] = [
@@ -34,6 +40,38 @@ const KINDS: [Kind; 9] = [
     Kind::SendRecv,
     Kind::HyperCube,
 ];
+
+/// Every kind, for the device tests: the AllReduce algorithms too.
+fn device_kinds() -> Vec<Kind> {
+    let all_reduce = [Kind::AllReduce, Kind::TreeAllReduce, Kind::RdAllReduce];
+    KINDS.iter().copied().chain(all_reduce).collect()
+}
+
+impl Kind {
+    /// Whether the algorithm drives the device itself (reductions on the device, copies per
+    /// segment) rather than being staged around.
+    fn drives_device(self) -> bool {
+        matches!(
+            self,
+            Kind::AllGather
+                | Kind::ReduceScatter
+                | Kind::Broadcast
+                | Kind::Reduce
+                | Kind::AllReduce
+                | Kind::TreeAllReduce
+        )
+    }
+    fn reduces(self) -> bool {
+        matches!(
+            self,
+            Kind::ReduceScatter
+                | Kind::Reduce
+                | Kind::AllReduce
+                | Kind::TreeAllReduce
+                | Kind::RdAllReduce
+        )
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -56,6 +94,7 @@ fn layout(c: &Case, r: usize) -> (usize, usize, usize, usize) {
         Kind::ReduceScatter | Kind::Scatter => (n * k, k, 0, r * k),
         Kind::Alltoall => (n * k, n * k, 0, 0),
         Kind::Broadcast | Kind::Reduce | Kind::SendRecv => (k, k, 0, 0),
+        Kind::AllReduce | Kind::TreeAllReduce | Kind::RdAllReduce => (k, k, 0, 0),
     }
 }
 
@@ -88,7 +127,7 @@ fn input_of(c: &Case, r: usize) -> Bytes {
     let (inp, ..) = layout(c, r);
     let mut v = Bytes::zeroed(inp * c.dtype.size());
     match c.kind {
-        Kind::ReduceScatter | Kind::Reduce => fill_input(c.dtype, c.op, &mut v, 42, 0, r, c.n),
+        k if k.reduces() => fill_input(c.dtype, c.op, &mut v, 42, 0, r, c.n),
         // Data movement: any bits will do, as long as every rank's differ.
         _ => fill_input(c.dtype, ReduceOp::Sum, &mut v, 1000 + r as u64, 0, 0, 1),
     }
@@ -139,6 +178,9 @@ fn expected_of(c: &Case, r: usize, inputs: &[Bytes]) -> Bytes {
             }
         }
         Kind::SendRecv => e[..kb].copy_from_slice(&inputs[(r + c.n - 1) % c.n]),
+        Kind::AllReduce | Kind::TreeAllReduce | Kind::RdAllReduce => {
+            fill_expected(c.dtype, c.op, &mut e[..kb], 42, 0, c.n)
+        }
     }
     e
 }
@@ -154,11 +196,93 @@ fn call(comm: &mut Communicator, c: &Case, d: Data<'_>) -> Result<(), CommError>
         Kind::Gather => gather(comm, d, c.count, c.dtype, c.root),
         Kind::SendRecv => sendrecv(comm, d, c.count, c.dtype),
         Kind::HyperCube => hypercube(comm, d, c.count, c.dtype),
+        Kind::AllReduce => all_reduce(comm, d, c.count, c.dtype, c.op),
+        Kind::TreeAllReduce => tree_all_reduce(comm, d, c.count, c.dtype, c.op),
+        Kind::RdAllReduce => rd_all_reduce(comm, d, c.count, c.dtype, c.op),
     }
 }
 
 /// Runs the case on thread ranks; returns wrong elements per rank.
-fn run_case(c: Case, seg: usize, window: usize, transport: ThreadTransport) -> Vec<u64> {
+fn run_case(c: Case, seg: usize, window: usize) -> Vec<u64> {
+    let res = run_case_on(c, seg, window, ThreadTransport::Inproc, None);
+    res.into_iter().map(|(w, _)| w).collect()
+}
+
+/// Twins start as this, so a twin read before its download shows.
+const POISON: u8 = 0xA5;
+
+/// The case with every rank's buffers on a [`SimDevice`] whose operations each wait up to
+/// `jitter`: the collectives see only poisoned host twins, and the result is read back from
+/// the device. Returns wrong elements per rank, with the device's operation counts.
+fn run_on_device(
+    comm: &mut Communicator,
+    c: &Case,
+    input: &[u8],
+    jitter: Duration,
+) -> (Bytes, Counts) {
+    let r = comm.rank();
+    let ts = c.dtype.size();
+    let (inp, out, in_off, _) = layout(c, r);
+    let mut sim = SimDevice::new(jitter, 7 + r as u64);
+    let mirror = |sim: &mut SimDevice, twin: &mut Bytes, init: &[u8]| {
+        let dev = sim.alloc(twin.len()).unwrap();
+        sim.write(dev, init).unwrap();
+        twin.fill(POISON);
+        Mirror {
+            host: twin.as_mut_ptr(),
+            device: dev,
+            len: twin.len(),
+        }
+    };
+    if c.in_place {
+        let mut init = Bytes::zeroed(inp.max(out) * ts);
+        init[in_off * ts..(in_off + inp) * ts].copy_from_slice(input);
+        let mut buf = init.clone();
+        let m = mirror(&mut sim, &mut buf, &init);
+        sim.set_mirrors(vec![m]).unwrap();
+        comm.set_offload(Some(Box::new(sim)));
+        call(comm, c, Data::InPlace(&mut buf)).unwrap();
+        let mut sim = take_sim(comm);
+        let mut got = Bytes::zeroed(m.len);
+        got.copy_from_slice(&sim.read(m.device, m.len).unwrap());
+        (got, sim.counts())
+    } else {
+        let (mut send, mut recv) = (Bytes::zeroed(inp * ts), Bytes::zeroed(out * ts));
+        let ms = mirror(&mut sim, &mut send, input);
+        let mr = mirror(&mut sim, &mut recv, &Bytes::zeroed(out * ts));
+        sim.set_mirrors(vec![ms, mr]).unwrap();
+        comm.set_offload(Some(Box::new(sim)));
+        let d = Data::OutOfPlace {
+            send: &send,
+            recv: &mut recv,
+        };
+        call(comm, c, d).unwrap();
+        let mut sim = take_sim(comm);
+        assert_eq!(
+            sim.read(ms.device, ms.len).unwrap(),
+            input,
+            "{c:?}: rank {r}'s device input clobbered"
+        );
+        let mut got = Bytes::zeroed(mr.len);
+        got.copy_from_slice(&sim.read(mr.device, mr.len).unwrap());
+        (got, sim.counts())
+    }
+}
+
+fn take_sim(comm: &mut Communicator) -> Box<SimDevice> {
+    let back = comm.set_offload(None).expect("the offload comes back");
+    back.into_any()
+        .downcast::<SimDevice>()
+        .expect("a SimDevice")
+}
+
+fn run_case_on(
+    c: Case,
+    seg: usize,
+    window: usize,
+    transport: ThreadTransport,
+    device: Option<Duration>,
+) -> Vec<(u64, Counts)> {
     let cfg = CommConfig {
         timeout: Duration::from_secs(20),
         segment_bytes: seg,
@@ -172,6 +296,11 @@ fn run_case(c: Case, seg: usize, window: usize, transport: ThreadTransport) -> V
         let ts = c.dtype.size();
         let (inp, out, in_off, _) = layout(&c, r);
         let expected = expected_of(&c, r, &inputs);
+        if let Some(jitter) = device {
+            let (got, counts) = run_on_device(comm, &c, &inputs[r], jitter);
+            let wrong = count_wrong(c.dtype, c.op, &got[..expected.len()], &expected);
+            return (wrong, counts);
+        }
         let got = if c.in_place {
             let mut buf = Bytes::zeroed(inp.max(out) * ts);
             buf[in_off * ts..(in_off + inp) * ts].copy_from_slice(&inputs[r]);
@@ -197,13 +326,14 @@ fn run_case(c: Case, seg: usize, window: usize, transport: ThreadTransport) -> V
             );
             recv
         };
-        count_wrong(c.dtype, c.op, &got[..expected.len()], &expected)
+        let wrong = count_wrong(c.dtype, c.op, &got[..expected.len()], &expected);
+        (wrong, Counts::default())
     })
 }
 
-fn case_strategy() -> impl Strategy<Value = (Case, usize, usize)> {
+fn case_strategy(kinds: &[Kind]) -> impl Strategy<Value = (Case, usize, usize)> {
     (
-        proptest::sample::select(KINDS.to_vec()),
+        proptest::sample::select(kinds.to_vec()),
         1usize..=9,
         prop_oneof![
             Just(0usize),
@@ -244,29 +374,96 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_collective_matches_reference((case, seg, window) in case_strategy()) {
-        let wrong = run_case(case, seg, window, ThreadTransport::Inproc);
+    fn every_collective_matches_reference((case, seg, window) in case_strategy(&KINDS)) {
+        let wrong = run_case(case, seg, window);
         prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window}: wrong per rank {wrong:?}");
     }
 }
 
-/// Each collective over real sockets, in and out of place, with several segments in flight.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+    /// Device buffers behind host twins: the engines' downloads, device reductions and
+    /// uploads (or the staging around the other algorithms) must give the host result, with
+    /// device operations completing late and in their own time.
+    #[test]
+    fn every_collective_on_a_device((case, seg, window) in case_strategy(&device_kinds())) {
+        let res = run_case_on(case, seg, window, ThreadTransport::Inproc, Some(Duration::from_micros(30)));
+        let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
+        prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window}: wrong per rank {wrong:?}");
+        let reduces: u64 = res.iter().map(|r| r.1.reduces).sum();
+        if case.kind.drives_device() && case.kind.reduces() && case.n > 1 && case.count > 0 {
+            prop_assert!(reduces > 0, "{case:?}: no reduction ran on the device");
+        }
+        if !case.kind.drives_device() {
+            prop_assert_eq!(reduces, 0, "{:?}: staged around, so reduced on the host", case);
+        }
+    }
+}
+
+/// Each collective over real sockets, in and out of place, with several segments in flight,
+/// on host memory and on device buffers.
 #[test]
 fn every_collective_over_tcp() {
-    for kind in KINDS {
-        for in_place in [false, true] {
-            let n = if kind == Kind::HyperCube { 4 } else { 3 };
-            let c = Case {
-                kind,
-                n,
-                count: 1001,
-                dtype: DataType::Float32,
-                op: ReduceOp::Sum,
-                in_place,
-                root: 1,
-            };
-            let wrong = run_case(c, 1024, 3, ThreadTransport::Tcp);
-            assert!(wrong.iter().all(|w| *w == 0), "{c:?}: {wrong:?}");
+    let device = Some(Duration::from_micros(20));
+    for (kinds, device) in [(KINDS.to_vec(), None), (device_kinds(), device)] {
+        for kind in kinds {
+            for in_place in [false, true] {
+                let n = if kind == Kind::HyperCube { 4 } else { 3 };
+                let c = Case {
+                    kind,
+                    n,
+                    count: 1001,
+                    dtype: DataType::Float32,
+                    op: ReduceOp::Sum,
+                    in_place,
+                    root: 1,
+                };
+                let res = run_case_on(c, 1024, 3, ThreadTransport::Tcp, device);
+                assert!(
+                    res.iter().all(|r| r.0 == 0),
+                    "{c:?} device {device:?}: {res:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Every op (avg's division and mulsum's premultiplication run on the device too) for the
+/// reducing collectives that drive the device, with several segments per chunk.
+#[test]
+fn every_op_reduces_on_the_device() {
+    let kinds = [
+        Kind::AllReduce,
+        Kind::TreeAllReduce,
+        Kind::ReduceScatter,
+        Kind::Reduce,
+    ];
+    for kind in kinds {
+        for op in ReduceOp::ALL {
+            for dtype in [DataType::BFloat16, DataType::Float32, DataType::Int64] {
+                let c = Case {
+                    kind,
+                    n: 4,
+                    count: 1000,
+                    dtype,
+                    op,
+                    in_place: op == ReduceOp::Avg,
+                    root: 2,
+                };
+                let jitter = Some(Duration::from_micros(10));
+                let res = run_case_on(c, 256, 2, ThreadTransport::Inproc, jitter);
+                assert!(res.iter().all(|r| r.0 == 0), "{c:?}: {res:?}");
+                let k: Counts = res.iter().fold(Counts::default(), |a, r| Counts {
+                    reduces: a.reduces + r.1.reduces,
+                    premultiplies: a.premultiplies + r.1.premultiplies,
+                    ..a
+                });
+                assert!(k.reduces > 0, "{c:?}: nothing reduced on the device");
+                if op == ReduceOp::MulSum {
+                    assert_eq!(k.premultiplies, 4, "{c:?}: each rank premultiplies once");
+                }
+            }
         }
     }
 }

@@ -404,6 +404,94 @@ impl Gpu {
         drv("launching reduce in place", unsafe { l.launch(cfg) }).map(|_| ())
     }
 
+    /// The device address of `buf[offset..]`, for [`super::offload::CudaOffload`]'s mirrors.
+    pub fn address(&self, buf: &DeviceBuffer, offset: usize) -> Result<u64, CudaError> {
+        use cudarc::driver::DevicePtr;
+        buf.check(offset, 0)?;
+        let (p, _sync) = buf.mem.device_ptr(&self.stream);
+        Ok(p + offset as u64)
+    }
+
+    /// Makes this device's context current on the calling thread, as the raw driver calls of
+    /// the offload need (cudarc's safe calls do it themselves).
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        drv("making the context current", self.ctx.bind_to_thread())
+    }
+
+    pub(crate) fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    pub(crate) fn new_event(&self) -> Result<CudaEvent, CudaError> {
+        drv("creating an event", self.ctx.new_event(None))
+    }
+
+    pub(crate) fn record(&self, e: &CudaEvent) -> Result<(), CudaError> {
+        drv("recording an event", e.record(&self.stream))
+    }
+
+    /// `dst = a op b` over `count` elements at raw device addresses.
+    ///
+    /// # Safety
+    /// Each address is valid device memory for `count` elements; `dst` equals `a` or
+    /// overlaps neither operand.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn reduce_at(
+        &mut self,
+        dst: u64,
+        a: u64,
+        b: u64,
+        count: usize,
+        d: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CudaError> {
+        let f = self.function(Kernel::Reduce, d, op)?;
+        let cfg = self.cfg(count);
+        let c = count as u64;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&dst).arg(&a).arg(&b).arg(&c);
+        drv("launching reduce", l.launch(cfg)).map(|_| ())
+    }
+
+    /// `avg`'s division of `count` elements at `dst` by `n`.
+    ///
+    /// # Safety
+    /// `dst` is valid device memory for `count` elements.
+    pub(crate) unsafe fn finish_avg_at(
+        &mut self,
+        dst: u64,
+        count: usize,
+        n: usize,
+        d: DataType,
+    ) -> Result<(), CudaError> {
+        let f = self.function(Kernel::FinishAvg, d, ReduceOp::Avg)?;
+        let cfg = self.cfg(count);
+        let (c, n) = (count as u64, n as u64);
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&dst).arg(&c).arg(&n);
+        drv("launching finish_avg", l.launch(cfg)).map(|_| ())
+    }
+
+    /// `mulsum`'s `dst = src × scalar(rank)`.
+    ///
+    /// # Safety
+    /// Both addresses are valid device memory for `count` elements, disjoint.
+    pub(crate) unsafe fn premultiply_at(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        rank: usize,
+        d: DataType,
+    ) -> Result<(), CudaError> {
+        let f = self.function(Kernel::Premultiply, d, ReduceOp::MulSum)?;
+        let cfg = self.cfg(count);
+        let (c, r) = (count as u64, rank as u64);
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&dst).arg(&src).arg(&c).arg(&r);
+        drv("launching premultiply", l.launch(cfg)).map(|_| ())
+    }
+
     /// Device-to-device copy of `len` bytes on the compute stream (the bandwidth reference
     /// for the reduction kernels).
     pub fn copy_dtod(

@@ -13,6 +13,8 @@ pub mod select;
 
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod offload;
 
 pub use probe::{probe, CudaLibs, ProbeError};
 pub use select::{select_device, DeviceChoice, SelectError, Slot};

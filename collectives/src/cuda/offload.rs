@@ -1,0 +1,298 @@
+//! The CUDA [`Offload`]: a rank's device buffers behind pinned host twins, for transports that
+//! move host memory. Every operation goes on the device's compute stream, in issue order,
+//! followed by an event from a small pool; a ticket is the event's sequence number, so
+//! completion is one `cuEventQuery` and tickets complete in order as the trait promises.
+//!
+//! A reduction copies the staged segment into a device landing area at the same offset (one
+//! H2D copy on the copy engine), runs the reduction kernel of [`super::kernels`] on device
+//! addresses, applies `avg`'s division when asked, and copies the result back to its twin only
+//! if it travels on: the CPU reduces nothing.
+
+use super::device::{CudaError, DeviceBuffer, Gpu, Pinned};
+use crate::dtype::DataType;
+use crate::offload::{device_of, Mirror, Offload, OffloadError, Reduce, Ticket};
+use cudarc::driver::CudaEvent;
+use std::collections::VecDeque;
+
+fn oe(e: CudaError) -> OffloadError {
+    OffloadError(e.to_string())
+}
+
+/// A device buffer with its pinned twin, allocated by the offload (scratch, premultiplied
+/// input).
+struct Pair {
+    host: Pinned,
+    dev: DeviceBuffer,
+}
+
+impl Pair {
+    fn mirror(&mut self, gpu: &Gpu) -> Result<Mirror, OffloadError> {
+        Ok(Mirror {
+            host: self.host.as_mut_slice().map_err(oe)?.as_mut_ptr(),
+            device: gpu.address(&self.dev, 0).map_err(oe)?,
+            len: self.host.len(),
+        })
+    }
+}
+
+/// See the module documentation.
+pub struct CudaOffload {
+    gpu: Gpu,
+    user: Vec<Mirror>,
+    all: Vec<Mirror>,
+    staging: Option<Pinned>,
+    /// Device twin of `staging`: a staged segment is copied to the same offset here.
+    landing: Option<DeviceBuffer>,
+    scratch: Option<Pair>,
+    premul: Option<Pair>,
+    /// Events recorded and not yet seen complete, with their tickets, oldest first.
+    pending: VecDeque<(u64, CudaEvent)>,
+    spare: Vec<CudaEvent>,
+    issued: u64,
+    done: u64,
+}
+
+impl CudaOffload {
+    pub fn new(gpu: Gpu) -> CudaOffload {
+        CudaOffload {
+            gpu,
+            user: Vec::new(),
+            all: Vec::new(),
+            staging: None,
+            landing: None,
+            scratch: None,
+            premul: None,
+            pending: VecDeque::new(),
+            spare: Vec::new(),
+            issued: 0,
+            done: 0,
+        }
+    }
+
+    /// The device, for work outside collectives (fills, `#wrong` counts, timing events).
+    pub fn gpu(&mut self) -> &mut Gpu {
+        &mut self.gpu
+    }
+
+    /// The caller's mirrored buffers.
+    pub fn set_mirrors(&mut self, mirrors: Vec<Mirror>) -> Result<(), OffloadError> {
+        self.user = mirrors;
+        self.remirror()
+    }
+
+    fn remirror(&mut self) -> Result<(), OffloadError> {
+        let mut all = self.user.clone();
+        for p in [&mut self.scratch, &mut self.premul].into_iter().flatten() {
+            all.push(p.mirror(&self.gpu)?);
+        }
+        self.all = all;
+        Ok(())
+    }
+
+    fn dev(&self, p: *const u8, len: usize) -> Result<u64, OffloadError> {
+        device_of(&self.all, p, len)
+    }
+
+    /// Device address in the landing area of staged host `p`.
+    fn landed(&mut self, p: *const u8, len: usize) -> Result<u64, OffloadError> {
+        let (Some(st), Some(land)) = (self.staging.as_mut(), self.landing.as_ref()) else {
+            return Err(OffloadError("no staging memory was set up".into()));
+        };
+        let base = st.as_mut_slice().map_err(oe)?.as_ptr() as usize;
+        let at = (p as usize).wrapping_sub(base);
+        if (p as usize) < base || at + len > st.len() {
+            return Err(OffloadError(format!(
+                "{len} bytes at {p:p} are not in the offload's staging memory"
+            )));
+        }
+        self.gpu.address(land, at).map_err(oe)
+    }
+
+    /// Ends an issued batch of work with an event: its ticket.
+    fn ticket(&mut self) -> Result<Ticket, OffloadError> {
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => self.gpu.new_event().map_err(oe)?,
+        };
+        self.gpu.record(&ev).map_err(oe)?;
+        self.issued += 1;
+        self.pending.push_back((self.issued, ev));
+        Ok(Ticket(self.issued))
+    }
+
+    fn htod(&mut self, dst: u64, src: *const u8, len: usize) -> Result<(), OffloadError> {
+        self.gpu.bind().map_err(oe)?;
+        // SAFETY: `src` is a twin or staging range checked against its mirror (valid host
+        // memory for `len` bytes, page-locked), `dst` the matching device range; callers keep
+        // both alive until the ticket completes.
+        unsafe {
+            let s = std::slice::from_raw_parts(src, len);
+            cudarc::driver::result::memcpy_htod_async(dst, s, self.gpu.cu_stream())
+        }
+        .map_err(|e| OffloadError(format!("copying {len} bytes to the device: {e}")))
+    }
+
+    fn dtoh(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<(), OffloadError> {
+        self.gpu.bind().map_err(oe)?;
+        // SAFETY: as in htod, the other way.
+        unsafe {
+            let d = std::slice::from_raw_parts_mut(dst, len);
+            cudarc::driver::result::memcpy_dtoh_async(d, src, self.gpu.cu_stream())
+        }
+        .map_err(|e| OffloadError(format!("copying {len} bytes from the device: {e}")))
+    }
+
+    fn pair(&mut self, bytes: usize, what: &str) -> Result<Pair, OffloadError> {
+        self.sync()?;
+        let host = self.gpu.alloc_pinned(bytes).map_err(oe)?;
+        let dev = self
+            .gpu
+            .alloc(bytes)
+            .map_err(|e| OffloadError(format!("allocating {bytes} bytes of device {what}: {e}")))?;
+        Ok(Pair { host, dev })
+    }
+}
+
+impl Offload for CudaOffload {
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+
+    fn mirrors(&self) -> &[Mirror] {
+        &self.all
+    }
+
+    fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
+        if self.staging.as_ref().map_or(true, |s| s.len() < bytes) {
+            self.sync()?;
+            self.staging = Some(self.gpu.alloc_pinned(bytes).map_err(oe)?);
+            self.landing = Some(self.gpu.alloc(bytes).map_err(oe)?);
+        }
+        match self.staging.as_mut() {
+            Some(s) => Ok(s.as_mut_slice().map_err(oe)?.as_mut_ptr()),
+            None => Err(OffloadError("no staging memory".into())),
+        }
+    }
+
+    fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
+        if self.scratch.as_ref().map_or(true, |p| p.host.len() < bytes) {
+            self.scratch = Some(self.pair(bytes, "scratch")?);
+            self.remirror()?;
+        }
+        match self.scratch.as_mut() {
+            Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
+            None => Err(OffloadError("no scratch memory".into())),
+        }
+    }
+
+    fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError> {
+        let src = self.dev(host, len)?;
+        self.dtoh(host as *mut u8, src, len)?;
+        self.ticket()
+    }
+
+    fn upload(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError> {
+        let dst = self.dev(host, len)?;
+        self.htod(dst, host, len)?;
+        self.ticket()
+    }
+
+    fn copy(
+        &mut self,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        download: bool,
+    ) -> Result<Ticket, OffloadError> {
+        let (d, s) = (self.dev(dst, len)?, self.dev(src, len)?);
+        self.gpu.bind().map_err(oe)?;
+        // SAFETY: both device ranges come from mirrors checked for `len` bytes.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, len, self.gpu.cu_stream()) }
+            .map_err(|e| OffloadError(format!("copying {len} bytes on the device: {e}")))?;
+        if download {
+            self.dtoh(dst, d, len)?;
+        }
+        self.ticket()
+    }
+
+    fn reduce(&mut self, j: Reduce) -> Result<Ticket, OffloadError> {
+        let bytes = j.elems * j.dtype.size();
+        let out = self.dev(j.out, bytes)?;
+        let mine = self.dev(j.mine, bytes)?;
+        let land = self.landed(j.staged, bytes)?;
+        self.htod(land, j.staged, bytes)?;
+        // SAFETY: the three device ranges were checked for `bytes` against their mirrors and
+        // the landing area; `out` equals `mine` or is disjoint from it (the engines' rule).
+        unsafe {
+            self.gpu
+                .reduce_at(out, mine, land, j.elems, j.dtype, j.op)
+                .map_err(oe)?;
+            if let Some(n) = j.avg_over {
+                self.gpu
+                    .finish_avg_at(out, j.elems, n, j.dtype)
+                    .map_err(oe)?;
+            }
+        }
+        if j.download {
+            self.dtoh(j.out, out, bytes)?;
+        }
+        self.ticket()
+    }
+
+    fn premultiply(
+        &mut self,
+        src: *const u8,
+        elems: usize,
+        dtype: DataType,
+        rank: usize,
+    ) -> Result<*const u8, OffloadError> {
+        let bytes = elems * dtype.size();
+        let s = self.dev(src, bytes)?;
+        if self.premul.as_ref().map_or(true, |p| p.host.len() < bytes) {
+            self.premul = Some(self.pair(bytes, "mulsum input")?);
+            self.remirror()?;
+        }
+        let host = match self.premul.as_mut() {
+            Some(p) => p.host.as_mut_slice().map_err(oe)?.as_mut_ptr(),
+            None => return Err(OffloadError("no mulsum buffer".into())),
+        };
+        let d = self.dev(host, bytes)?;
+        // SAFETY: both ranges checked for `bytes`; the premultiplied buffer is the offload's.
+        unsafe { self.gpu.premultiply_at(d, s, elems, rank, dtype) }.map_err(oe)?;
+        Ok(host)
+    }
+
+    fn complete(&mut self, t: Ticket) -> Result<bool, OffloadError> {
+        if self.done < t.0 {
+            self.gpu.bind().map_err(oe)?;
+        }
+        while self.done < t.0 {
+            let Some((seq, ev)) = self.pending.pop_front() else {
+                return Err(OffloadError(format!(
+                    "ticket {} was never issued (last {})",
+                    t.0, self.issued
+                )));
+            };
+            // SAFETY: the event is alive (owned here); querying has no other effect.
+            match unsafe { cudarc::driver::result::event::query(ev.cu_event()) } {
+                Ok(()) => {
+                    self.done = seq;
+                    self.spare.push(ev);
+                }
+                Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY => {
+                    self.pending.push_front((seq, ev));
+                    return Ok(false);
+                }
+                Err(e) => return Err(OffloadError(format!("waiting for the device: {e}"))),
+            }
+        }
+        Ok(true)
+    }
+
+    fn sync(&mut self) -> Result<(), OffloadError> {
+        self.gpu.synchronize().map_err(oe)?;
+        self.done = self.issued;
+        self.spare.extend(self.pending.drain(..).map(|(_, e)| e));
+        Ok(())
+    }
+}

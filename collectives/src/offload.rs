@@ -1,0 +1,300 @@
+//! Buffers that live on a device while the algorithms move their host twins.
+//!
+//! A rank whose data is in GPU memory but whose transport moves host memory (TCP, shared
+//! memory, verbs without GPUDirect) keeps a page-locked host twin of every buffer. The ring,
+//! chain and tree engines then run exactly as on host memory, on the twins, with an
+//! [`Offload`] doing per segment what the device must: copy our own input out before it is
+//! sent, reduce what arrived on the device (`out = mine op staged`) and copy the result out
+//! only if it travels on, copy received final data in. Each of these is asynchronous and
+//! returns a [`Ticket`]; the engine keeps the network busy meanwhile and releases a send or a
+//! staging slot only when its ticket is complete, so copies of one segment overlap the
+//! transfer of the next (the pipelining NCCL's proxy does without GPUDirect).
+//!
+//! The device, not the twin, holds the truth: twins are written only by downloads and
+//! received data, so an algorithm that does not know about offloads would read stale
+//! memory. Those algorithms (recursive doubling, the point-to-point family) are run by
+//! [`around`], which copies every input out first and every output in afterwards, the
+//! boundary staging of a transport-only view.
+//!
+//! Addresses are host-twin addresses throughout: the offload translates them to the device
+//! through its [`Mirror`]s. [`sim`] is a device made of host memory behind a worker thread,
+//! which tests the engines' use of tickets without a GPU; the CUDA offload is
+//! `cuda::offload` (feature `cuda`).
+
+pub mod sim;
+
+use crate::communicator::Communicator;
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::CommError;
+
+/// Completion handle of one asynchronous device operation. Tickets of one offload complete
+/// in the order they were issued (one device stream), so a later ticket implies every
+/// earlier one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+impl Ticket {
+    /// An operation that needed no device work.
+    pub const DONE: Ticket = Ticket(0);
+}
+
+/// A host range with a device twin: host `host + i` mirrors device address `device + i`.
+#[derive(Clone, Copy, Debug)]
+pub struct Mirror {
+    pub host: *mut u8,
+    pub device: u64,
+    pub len: usize,
+}
+
+// SAFETY: a Mirror is a pair of address ranges; whoever builds one keeps both allocations
+// alive while it is in use, like MemRegion.
+unsafe impl Send for Mirror {}
+
+impl Mirror {
+    /// The device address of host `p`, if `p..p+len` lies inside this mirror.
+    pub fn device_of(&self, p: *const u8, len: usize) -> Option<u64> {
+        let (start, at) = (self.host as usize, p as usize);
+        let end = at.checked_add(len)?;
+        (at >= start && end <= start + self.len).then(|| self.device + (at - start) as u64)
+    }
+}
+
+/// What went wrong on the device, in the driver's words plus what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OffloadError(pub String);
+
+/// One reduction of a received segment: `out = mine op staged` on the device, then, when
+/// `avg_over` is set, `out /= avg_over` (the owner's final division for `avg`), then, when
+/// `download`, `out` copied to its host twin because it is sent next.
+#[derive(Clone, Copy, Debug)]
+pub struct Reduce {
+    /// Host-twin addresses of the output and the local contribution (equal in place).
+    pub out: *mut u8,
+    pub mine: *const u8,
+    /// Received data in the offload's [`Offload::staging`] memory.
+    pub staged: *const u8,
+    pub elems: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub avg_over: Option<usize>,
+    pub download: bool,
+}
+
+/// A device holding a call's buffers (see the module documentation). Methods take host-twin
+/// addresses inside [`Offload::mirrors`] (or staging memory where said) and fail with an
+/// [`OffloadError`] on a device error or an address outside every mirror.
+pub trait Offload: Send {
+    /// Back to the concrete type, for the owner that attached it (`Box<dyn Any>::downcast`).
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+    /// Host ranges with device twins.
+    fn mirrors(&self) -> &[Mirror];
+    /// Page-locked host memory of at least `bytes` for receives that are reduced; the
+    /// pointer stays valid until the next call asks for more.
+    fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError>;
+    /// A mirrored scratch buffer of at least `bytes` (partial results an algorithm keeps
+    /// between steps); valid until the next call asks for more.
+    fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError>;
+    /// Copy device → host twin.
+    fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError>;
+    /// Copy host twin → device.
+    fn upload(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError>;
+    /// Device copy between two mirrored ranges, then to `dst`'s twin when `download`.
+    fn copy(
+        &mut self,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        download: bool,
+    ) -> Result<Ticket, OffloadError>;
+    fn reduce(&mut self, job: Reduce) -> Result<Ticket, OffloadError>;
+    /// `mulsum`'s premultiplied input: `src × scalar(rank)` on the device, in a mirrored
+    /// buffer of the offload's whose host-twin address is returned. Complete when the next
+    /// ticket is (stream order).
+    fn premultiply(
+        &mut self,
+        src: *const u8,
+        elems: usize,
+        dtype: DataType,
+        rank: usize,
+    ) -> Result<*const u8, OffloadError>;
+    /// Whether `t` (and so every earlier ticket) has completed.
+    fn complete(&mut self, t: Ticket) -> Result<bool, OffloadError>;
+    /// Wait for everything issued so far.
+    fn sync(&mut self) -> Result<(), OffloadError>;
+
+    /// Whether every non-empty range lies in a mirror.
+    fn covers(&self, ranges: &[(*const u8, usize)]) -> bool {
+        ranges
+            .iter()
+            .filter(|r| r.1 > 0)
+            .all(|&(p, len)| self.mirrors().iter().any(|m| m.device_of(p, len).is_some()))
+    }
+}
+
+/// The device address of host-twin `p..p+len` in `mirrors`.
+pub fn device_of(mirrors: &[Mirror], p: *const u8, len: usize) -> Result<u64, OffloadError> {
+    mirrors
+        .iter()
+        .find_map(|m| m.device_of(p, len))
+        .ok_or_else(|| {
+            OffloadError(format!(
+                "{len} bytes at host {p:p} have no device twin (not inside any mirrored buffer)"
+            ))
+        })
+}
+
+pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommError + '_ {
+    move |cause| CommError::Device {
+        rank,
+        during: during.to_string(),
+        cause,
+    }
+}
+
+/// Ends a call that drove `dev`: waits for its device work (nothing may still write a twin
+/// or read staging once the call has returned) and gives the offload back to `comm`.
+pub(crate) fn finish(
+    comm: &mut Communicator,
+    dev: Option<Box<dyn Offload>>,
+    result: Result<(), CommError>,
+    what: &str,
+) -> Result<(), CommError> {
+    let Some(mut d) = dev else {
+        return result;
+    };
+    let synced = d.sync().map_err(err(comm.rank(), what));
+    comm.put_offload(d);
+    result.and(synced)
+}
+
+/// Runs `f` on host twins made current: every input range copied out of the device first,
+/// every output range copied in afterwards. For algorithms that do not drive an offload;
+/// without an offload covering the ranges, `f` runs as is.
+pub(crate) fn around<R>(
+    comm: &mut Communicator,
+    what: &str,
+    inputs: &[(*const u8, usize)],
+    outputs: &[(*mut u8, usize)],
+    f: impl FnOnce(&mut Communicator) -> Result<R, CommError>,
+) -> Result<R, CommError> {
+    let all: Vec<(*const u8, usize)> = inputs
+        .iter()
+        .copied()
+        .chain(outputs.iter().map(|&(p, l)| (p as *const u8, l)))
+        .collect();
+    let Some(mut dev) = comm.take_offload(&all) else {
+        return f(comm);
+    };
+    let r = comm.rank();
+    let during = format!("{what}: staging device buffers");
+    // Outputs are copied out too: what the collective leaves alone must come back as it was.
+    let staged = (|| {
+        for &(p, len) in &all {
+            if len > 0 {
+                dev.download(p, len)?;
+            }
+        }
+        dev.sync()
+    })()
+    .map_err(err(r, &during));
+    let result = staged.and_then(|()| f(comm)).and_then(|v| {
+        (|| {
+            for &(p, len) in outputs {
+                if len > 0 {
+                    dev.upload(p, len)?;
+                }
+            }
+            dev.sync()
+        })()
+        .map_err(err(r, &during))?;
+        Ok(v)
+    });
+    comm.put_offload(dev);
+    result
+}
+
+/// Copies `len` bytes `src` → `dst` where the call's data lives: on the device when an
+/// attached offload mirrors both (waiting for the copy), else on the host.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint (or equal, which copies nothing).
+pub(crate) unsafe fn local_copy(
+    comm: &mut Communicator,
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    what: &str,
+) -> Result<(), CommError> {
+    if len == 0 || std::ptr::eq(dst as *const u8, src) {
+        return Ok(());
+    }
+    match comm.take_offload(&[(src, len), (dst as *const u8, len)]) {
+        Some(mut d) => {
+            let r = d.copy(dst, src, len, false).and_then(|_| d.sync());
+            comm.put_offload(d);
+            r.map_err(err(comm.rank(), what))
+        }
+        None => {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+            Ok(())
+        }
+    }
+}
+
+/// Scratch memory beside the call's buffers: a mirrored buffer of the attached offload when
+/// it mirrors `near`, `None` (use the communicator's host scratch) otherwise.
+pub(crate) fn scratch_near(
+    comm: &mut Communicator,
+    bytes: usize,
+    near: &[(*const u8, usize)],
+    what: &str,
+) -> Result<Option<*mut u8>, CommError> {
+    let Some(mut d) = comm.take_offload(near) else {
+        return Ok(None);
+    };
+    let r = d.scratch(bytes);
+    comm.put_offload(d);
+    r.map(Some).map_err(err(comm.rank(), what))
+}
+
+/// `mulsum`'s premultiplied input on the device, when the offload mirrors `src`.
+pub(crate) fn premultiply_near(
+    comm: &mut Communicator,
+    src: *const u8,
+    elems: usize,
+    dtype: DataType,
+) -> Result<Option<*const u8>, CommError> {
+    let Some(mut d) = comm.take_offload(&[(src, elems * dtype.size())]) else {
+        return Ok(None);
+    };
+    let r = d.premultiply(src, elems, dtype, comm.rank());
+    comm.put_offload(d);
+    r.map(Some)
+        .map_err(err(comm.rank(), "mulsum premultiplication"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrors_translate_only_ranges_inside_them() {
+        let mut host = [0u8; 64];
+        let m = Mirror {
+            host: host.as_mut_ptr(),
+            device: 0x10_0000,
+            len: 64,
+        };
+        let p = host.as_ptr();
+        assert_eq!(m.device_of(p, 64), Some(0x10_0000));
+        // SAFETY: offsets inside (or one past) the array.
+        let (mid, end) = unsafe { (p.add(16), p.add(64)) };
+        assert_eq!(m.device_of(mid, 48), Some(0x10_0010));
+        assert_eq!(m.device_of(mid, 49), None, "runs past the end");
+        assert_eq!(m.device_of(end, 0), Some(0x10_0040));
+        assert_eq!(m.device_of(p.wrapping_sub(1), 2), None, "starts before");
+        let e = device_of(&[m], end, 1).unwrap_err().to_string();
+        assert!(e.contains("no device twin"), "{e}");
+    }
+}
