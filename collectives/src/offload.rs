@@ -26,6 +26,8 @@ pub mod sim;
 use crate::communicator::Communicator;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CommError;
+use crate::ring::Regs;
+use busbw_transports::MemoryKind;
 
 /// Completion handle of one asynchronous device operation. Tickets of one offload complete
 /// in the order they were issued (one device stream), so a later ticket implies every
@@ -123,6 +125,37 @@ pub trait Offload: Send {
     /// Wait for everything issued so far.
     fn sync(&mut self) -> Result<(), OffloadError>;
 
+    /// The kind of memory the device addresses are, for a transport that can move device
+    /// memory itself (GPUDirect RDMA); `None` when only the twins may be handed to a
+    /// transport. Engines try to register the device ranges with this kind and fall back to
+    /// the twins when the transport refuses.
+    fn device_kind(&self) -> Option<MemoryKind> {
+        None
+    }
+
+    /// Device memory of at least `bytes` for received segments that are reduced, when the
+    /// transport moves device memory itself; valid until the next call asks for more.
+    fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
+        let _ = bytes;
+        Err(OffloadError(
+            "this device cannot hand its memory to a transport".into(),
+        ))
+    }
+
+    /// `out = mine op staged` (and `avg`'s division) on device addresses only: the direct
+    /// path's reduction, nothing copied.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_on_device(
+        &mut self,
+        out: u64,
+        mine: u64,
+        staged: u64,
+        elems: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        avg_over: Option<usize>,
+    ) -> Result<Ticket, OffloadError>;
+
     /// Whether every non-empty range lies in a mirror.
     fn covers(&self, ranges: &[(*const u8, usize)]) -> bool {
         ranges
@@ -150,6 +183,47 @@ pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommErr
         during: during.to_string(),
         cause,
     }
+}
+
+/// Staging and registrations for a call that may drive `dev`: `(staging, registrations,
+/// direct)`. With a device whose memory a transport may move (`device_kind`), the device
+/// ranges and device staging are registered with that kind; if the transport accepts them the
+/// call runs direct (GPUDirect RDMA: no copies), otherwise, or without such a device, through
+/// the pinned twins and host staging. Without a device, host staging from `host_staging`.
+pub(crate) fn prepare<T>(
+    comm: &mut Communicator,
+    dev: Option<&mut (dyn Offload + 'static)>,
+    regions: &[(*const T, usize)],
+    stage_elems: usize,
+    host_staging: impl FnOnce(&mut Communicator) -> Result<*mut T, CommError>,
+    what: &str,
+) -> Result<(*mut T, Regs, bool), CommError> {
+    let esize = std::mem::size_of::<T>();
+    let e = err(comm.rank(), what);
+    let with = |comm: &Communicator, stage: *mut T, kind| {
+        let mut all = regions.to_vec();
+        all.push((stage as *const T, stage_elems));
+        Regs::with_kind(comm, &all, kind)
+    };
+    let Some(d) = dev else {
+        let stage = host_staging(comm)?;
+        return Ok((stage, with(comm, stage, MemoryKind::Host)?, false));
+    };
+    if let Some(kind) = d.device_kind() {
+        let stage = d.device_staging(stage_elems * esize).map_err(&e)? as usize as *mut T;
+        let mut dev_regions = Vec::with_capacity(regions.len());
+        for &(p, elems) in regions {
+            let a = device_of(d.mirrors(), p as *const u8, elems * esize).map_err(&e)?;
+            dev_regions.push((a as usize as *const T, elems));
+        }
+        dev_regions.push((stage as *const T, stage_elems));
+        // A transport that cannot move device memory refuses the registration: stage.
+        if let Ok(regs) = Regs::with_kind(comm, &dev_regions, kind) {
+            return Ok((stage, regs, true));
+        }
+    }
+    let stage = d.staging(stage_elems * esize).map_err(&e)? as *mut T;
+    Ok((stage, with(comm, stage, MemoryKind::Host)?, false))
 }
 
 /// Ends a call that drove `dev`: waits for its device work (nothing may still write a twin

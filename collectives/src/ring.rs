@@ -311,22 +311,34 @@ pub(crate) struct Regs {
 
 impl Regs {
     pub fn new<T>(comm: &Communicator, regions: &[(*const T, usize)]) -> Result<Regs, CommError> {
+        Regs::with_kind(comm, regions, MemoryKind::Host)
+    }
+
+    /// Registers regions of `kind` (device memory for the GPUDirect path); on an error the
+    /// regions registered so far are released.
+    pub fn with_kind<T>(
+        comm: &Communicator,
+        regions: &[(*const T, usize)],
+        kind: MemoryKind,
+    ) -> Result<Regs, CommError> {
         let esize = std::mem::size_of::<T>();
         let mut regs = Vec::with_capacity(regions.len());
         for &(p, elems) in regions {
             // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
             // the communicator's staging/scratch, which are not resized meanwhile).
-            let region = unsafe { MemRegion::new(p as *mut u8, elems * esize, MemoryKind::Host) };
-            let reg = comm
-                .transport()
-                .register(region)
-                .map_err(|cause| CommError::Transport {
-                    rank: comm.rank(),
-                    peer: None,
-                    during: "registering memory".into(),
-                    cause,
-                })?;
-            regs.push(reg);
+            let region = unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) };
+            match comm.transport().register(region) {
+                Ok(reg) => regs.push(reg),
+                Err(cause) => {
+                    Regs { regs }.release(comm);
+                    return Err(CommError::Transport {
+                        rank: comm.rank(),
+                        peer: None,
+                        during: "registering memory".into(),
+                        cause,
+                    });
+                }
+            }
         }
         Ok(Regs { regs })
     }
@@ -475,16 +487,28 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
     let esize = std::mem::size_of::<T>();
     let window = comm.config().window;
     let steps = plan.steps();
-    let stage = match dev.as_deref_mut() {
-        Some(d) => d
-            .staging(window * ch.seg * esize)
-            .map_err(offload::err(r, name))? as *mut T,
-        None => staging::<T>(comm, ch.seg)?,
-    };
     let dev_err = offload::err(r, name);
-    let mut regions = plan.regions();
-    regions.push((stage as *const T, window * ch.seg));
-    let regs = Regs::new(comm, &regions)?;
+    let seg = ch.seg;
+    let (stage, regs, direct) = offload::prepare(
+        comm,
+        dev.as_deref_mut(),
+        &plan.regions(),
+        window * seg,
+        |comm| staging::<T>(comm, seg),
+        name,
+    )?;
+    // On the direct path the plan's twin addresses stand for their device twins.
+    let mirrors = match dev.as_deref() {
+        Some(d) if direct => d.mirrors().to_vec(),
+        _ => Vec::new(),
+    };
+    let at = |p: *const T, elems: usize| -> Result<*const T, CommError> {
+        if !direct {
+            return Ok(p);
+        }
+        let a = offload::device_of(&mirrors, p as *const u8, elems * esize).map_err(&dev_err)?;
+        Ok(a as usize as *const T)
+    };
     let transport_err = |peer: usize, what: &'static str| {
         move |cause| CommError::Transport {
             rank: r,
@@ -546,7 +570,7 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
 
     let result = (|| -> Result<(), CommError> {
         match dev.as_deref_mut() {
-            Some(d) => {
+            Some(d) if !direct => {
                 let mut c = Cursor::start(send_chunk, ch, steps);
                 for _ in 0..initial {
                     let (off, len) = ch.segment(send_chunk(c.t), c.k);
@@ -555,7 +579,7 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
                     c.advance(send_chunk, ch, steps);
                 }
             }
-            None => downloaded = initial,
+            _ => downloaded = initial,
         }
         while sends_done < total_sends || recvs_done < total_recvs {
             let mut progressed = false;
@@ -581,7 +605,7 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
             {
                 let (t, k) = (send_cur.t, send_cur.k);
                 let (off, len) = ch.segment(send_chunk(t), k);
-                let p = plan.send_from(t, off) as *const u8;
+                let p = at(plan.send_from(t, off), len)? as *const u8;
                 // SAFETY: the plan guarantees the segment is final for this step and is not
                 // written while the send is in flight.
                 let id = unsafe { send.isend(regs.find(p, len * esize), p, len * esize, tag) }
@@ -610,9 +634,9 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
                 let (off, len) = ch.segment(recv_chunk(t), k);
                 let slot = recvs_posted % window;
                 let p = if plan.reduces(t) {
-                    stage.add(slot * ch.seg)
+                    stage.wrapping_add(slot * ch.seg) as *const T
                 } else {
-                    plan.recv_into(t, off)
+                    at(plan.recv_into(t, off), len)?
                 } as *mut u8;
                 // SAFETY: a staging slot is free (at most `window` receives are in flight and
                 // they complete in order); an in-place target is written by nobody else until
@@ -648,9 +672,28 @@ unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
                     }
                     let out_p = plan.reduce_out(p.t, off);
                     let in_p = plan.reduce_in(p.t, off);
-                    let staged_p = stage.add(p.slot * ch.seg);
+                    let staged_p = stage.wrapping_add(p.slot * ch.seg);
                     let avg_over = (op == ReduceOp::Avg && plan.is_final(p.t)).then_some(n);
                     match dev.as_deref_mut() {
+                        Some(d) if direct && plan.reduces(p.t) => {
+                            let (o, i) = (at(out_p, len)? as u64, at(in_p, len)? as u64);
+                            let tk = d
+                                .reduce_on_device(
+                                    o,
+                                    i,
+                                    staged_p as u64,
+                                    len,
+                                    T::DTYPE,
+                                    op,
+                                    avg_over,
+                                )
+                                .map_err(&dev_err)?;
+                            p.ticket = Some(tk);
+                            progressed = true;
+                            continue;
+                        }
+                        // Direct: final data arrived in device memory itself.
+                        Some(_) if direct => {}
                         Some(d) if plan.reduces(p.t) => {
                             let job = Reduce {
                                 out: out_p as *mut u8,

@@ -11,6 +11,8 @@ use busbw_transports::{Identity, Transport};
 #[derive(Clone, Copy, Debug)]
 pub enum ThreadTransport {
     Inproc,
+    /// In-process, also moving (simulated) device memory itself, as GPUDirect RDMA does.
+    InprocDevice,
     Tcp,
     /// Shared memory between the threads, as between processes of one host.
     Shm,
@@ -31,6 +33,7 @@ pub fn thread_world(
         };
         let t: Box<dyn Transport> = match kind {
             ThreadTransport::Inproc => Box::new(InprocTransport::new(id)),
+            ThreadTransport::InprocDevice => Box::new(InprocTransport::with_device_memory(id)),
             ThreadTransport::Tcp => Box::new(TcpTransport::new(id, TcpConfig::default())),
             ThreadTransport::Shm => Box::new(ShmTransport::new(id, ShmConfig::default())),
         };

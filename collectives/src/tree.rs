@@ -483,6 +483,9 @@ struct Ctx<'a, T> {
     slot_elems: usize,
     window: usize,
     regs: &'a Regs,
+    /// `src`, `dst` and `stage` are device addresses the transport moves itself
+    /// (GPUDirect RDMA): reductions run on them, nothing is copied.
+    direct: bool,
 }
 
 impl<T: Element> Ctx<'_, T> {
@@ -616,7 +619,10 @@ impl<T: Element> Ctx<'_, T> {
         // slot is free whenever fewer than `window` receives are in flight on its link.
         let n_children = tr.from_children.len();
         for (i, l) in tr.from_children.iter_mut().enumerate() {
-            let slot = |k: usize| self.stage.add((tr.slot0 + i * w + k % w) * self.slot_elems);
+            let slot = |k: usize| {
+                let at = (tr.slot0 + i * w + k % w) * self.slot_elems;
+                self.stage.wrapping_add(at)
+            };
             while l.posted < g.chunks && l.inflight.len() + l.reducing.len() < w {
                 let k = l.posted;
                 self.irecv(t, l, k, slot(k), g.chunk(k).1)?;
@@ -631,33 +637,50 @@ impl<T: Element> Ctx<'_, T> {
                 let (off, len) = g.chunk(k);
                 self.check_len(l.peer, got, len * esize)?;
                 let mine_p = if tr.reduced[k] == 0 && !in_place {
-                    self.src.add(off)
+                    self.src.wrapping_add(off)
                 } else {
-                    self.dst.add(off) as *const T
+                    self.dst.wrapping_add(off) as *const T
                 };
                 l.inflight.pop_front();
                 tr.reduced[k] += 1;
                 progressed = true;
+                let last = usize::from(tr.reduced[k]) == n_children;
+                let avg_over = (last && tr.is_root && op == ReduceOp::Avg).then_some(self.n);
+                if let Some(d) = dev.as_deref_mut().filter(|_| self.direct) {
+                    let o = self.dst.wrapping_add(off) as u64;
+                    let tk = d
+                        .reduce_on_device(
+                            o,
+                            mine_p as u64,
+                            slot(k) as u64,
+                            len,
+                            T::DTYPE,
+                            op,
+                            avg_over,
+                        )
+                        .map_err(&dev_err)?;
+                    l.reducing.push_back(tk);
+                    continue;
+                }
                 if let Some(d) = dev.as_deref_mut() {
                     // The last child's sum finishes the chunk: it goes up (downloaded) or,
                     // at the root, gets avg's division and goes down.
-                    let last = usize::from(tr.reduced[k]) == n_children;
                     let job = Reduce {
-                        out: self.dst.add(off) as *mut u8,
+                        out: self.dst.wrapping_add(off) as *mut u8,
                         mine: mine_p as *const u8,
                         staged: slot(k) as *const u8,
                         elems: len,
                         dtype: T::DTYPE,
                         op,
-                        avg_over: (last && tr.is_root && op == ReduceOp::Avg).then_some(self.n),
+                        avg_over,
                         download: last && (tr.to_parent.is_some() || !tr.to_children.is_empty()),
                     };
                     l.reducing.push_back(d.reduce(job).map_err(&dev_err)?);
                     continue;
                 }
                 let staged = std::slice::from_raw_parts(slot(k), len);
-                let out = std::slice::from_raw_parts_mut(self.dst.add(off), len);
-                if std::ptr::eq(mine_p, self.dst.add(off)) {
+                let out = std::slice::from_raw_parts_mut(self.dst.wrapping_add(off), len);
+                if std::ptr::eq(mine_p, self.dst.wrapping_add(off)) {
                     reduce_inplace(op, out, staged);
                 } else {
                     let mine = std::slice::from_raw_parts(mine_p, len);
@@ -674,9 +697,17 @@ impl<T: Element> Ctx<'_, T> {
                 if let Some(d) = dev.as_deref_mut() {
                     // The last child's reduction divided and downloaded the chunk; a root
                     // without children (one rank) has only its input to copy.
+                    if tr.from_children.is_empty() && !in_place && self.direct {
+                        return Err(CommError::Invalid(format!(
+                            "rank {}: tree_all_reduce: a root without children on the direct path (one rank never gets here)",
+                            self.r
+                        )));
+                    }
                     if tr.from_children.is_empty() && !in_place {
-                        let (dp, sp) =
-                            (self.dst.add(off) as *mut u8, self.src.add(off) as *const u8);
+                        let (dp, sp) = (
+                            self.dst.wrapping_add(off) as *mut u8,
+                            self.src.wrapping_add(off) as *const u8,
+                        );
                         d.copy(dp, sp, len * esize, true).map_err(&dev_err)?;
                         d.sync().map_err(&dev_err)?;
                     }
@@ -685,11 +716,15 @@ impl<T: Element> Ctx<'_, T> {
                     continue;
                 }
                 if tr.from_children.is_empty() && !in_place {
-                    std::ptr::copy_nonoverlapping(self.src.add(off), self.dst.add(off), len);
+                    std::ptr::copy_nonoverlapping(
+                        self.src.wrapping_add(off),
+                        self.dst.wrapping_add(off),
+                        len,
+                    );
                 }
                 if op == ReduceOp::Avg {
                     finish_avg(
-                        std::slice::from_raw_parts_mut(self.dst.add(off), len),
+                        std::slice::from_raw_parts_mut(self.dst.wrapping_add(off), len),
                         self.n,
                     );
                 }
@@ -708,7 +743,7 @@ impl<T: Element> Ctx<'_, T> {
             while l.posted < ready && l.inflight.len() < w {
                 let k = l.posted;
                 let (off, len) = g.chunk(k);
-                self.isend(t, l, k, from.add(off), len)?;
+                self.isend(t, l, k, from.wrapping_add(off), len)?;
                 progressed = true;
             }
             progressed |= self.test_sends(t, l)? > 0;
@@ -720,7 +755,7 @@ impl<T: Element> Ctx<'_, T> {
             while l.posted < up.done && l.inflight.len() < w {
                 let k = l.posted;
                 let (off, len) = g.chunk(k);
-                self.irecv(t, l, k, self.dst.add(off), len)?;
+                self.irecv(t, l, k, self.dst.wrapping_add(off), len)?;
                 progressed = true;
             }
             while let Some(&(id, k)) = l.inflight.front() {
@@ -731,9 +766,9 @@ impl<T: Element> Ctx<'_, T> {
                 let Some(got) = got else { break };
                 let (off, len) = g.chunk(k);
                 self.check_len(l.peer, got, len * esize)?;
-                if let Some(d) = dev.as_deref_mut() {
+                if let Some(d) = dev.as_deref_mut().filter(|_| !self.direct) {
                     // Final data in the twin: the device gets it while it travels down.
-                    let at = self.dst.add(off) as *const u8;
+                    let at = self.dst.wrapping_add(off) as *const u8;
                     d.upload(at, len * esize).map_err(&dev_err)?;
                 }
                 l.inflight.pop_front();
@@ -748,7 +783,7 @@ impl<T: Element> Ctx<'_, T> {
             while l.posted < fin && l.inflight.len() < w {
                 let k = l.posted;
                 let (off, len) = g.chunk(k);
-                self.isend(t, l, k, self.dst.add(off), len)?;
+                self.isend(t, l, k, self.dst.wrapping_add(off), len)?;
                 progressed = true;
             }
             progressed |= self.test_sends(t, l)? > 0;
@@ -886,25 +921,37 @@ unsafe fn run_trees<T: Element>(
     let (n, r) = (comm.size(), comm.rank());
     let window = comm.config().window;
     let dev_err = offload::err(r, "tree_all_reduce");
-    let stage = match dev.as_deref_mut() {
-        Some(d) => d.staging(stage_bytes).map_err(&dev_err)? as *mut T,
-        None => {
-            if comm.staging.ensure(stage_bytes).is_none() {
-                return Err(CommError::OutOfMemory {
-                    rank: r,
-                    bytes: stage_bytes,
-                    what: "tree staging buffers",
-                });
-            }
-            comm.staging.as_mut_slice().as_mut_ptr() as *mut T
+    let esize = std::mem::size_of::<T>();
+    let slots = stage_bytes / (slot_elems * esize).max(1);
+    let host_staging = |comm: &mut Communicator| {
+        if comm.staging.ensure(stage_bytes).is_none() {
+            return Err(CommError::OutOfMemory {
+                rank: r,
+                bytes: stage_bytes,
+                what: "tree staging buffers",
+            });
         }
+        Ok(comm.staging.as_mut_slice().as_mut_ptr() as *mut T)
     };
-    let slots = stage_bytes / (slot_elems * std::mem::size_of::<T>()).max(1);
-    let mut regions = vec![(src, count), (dst as *const T, count)];
-    if stage_bytes > 0 {
-        regions.push((stage as *const T, slots * slot_elems));
-    }
-    let regs = Regs::new(comm, &regions)?;
+    let regions = [(src, count), (dst as *const T, count)];
+    let (stage, regs, direct) = offload::prepare(
+        comm,
+        dev.as_deref_mut(),
+        &regions,
+        slots * slot_elems,
+        host_staging,
+        "tree_all_reduce",
+    )?;
+    // On the direct path the trees work on the device addresses themselves.
+    let (src, dst) = match dev.as_deref() {
+        Some(d) if direct => {
+            let m = d.mirrors();
+            let s = offload::device_of(m, src as *const u8, count * esize).map_err(&dev_err)?;
+            let t = offload::device_of(m, dst as *const u8, count * esize).map_err(&dev_err)?;
+            (s as usize as *const T, t as usize as *mut T)
+        }
+        _ => (src, dst),
+    };
 
     let result = connect(comm, links, &mut trees).and_then(|()| {
         let ctx = Ctx {
@@ -918,8 +965,9 @@ unsafe fn run_trees<T: Element>(
             slot_elems,
             window,
             regs: &regs,
+            direct,
         };
-        if let Some(d) = dev.as_deref_mut() {
+        if let Some(d) = dev.as_deref_mut().filter(|_| !direct) {
             // A leaf sends its own input up: once each chunk is off the device.
             for tr in trees
                 .iter_mut()

@@ -208,22 +208,36 @@ fn run_case(c: Case, seg: usize, window: usize) -> Vec<u64> {
     res.into_iter().map(|(w, _)| w).collect()
 }
 
+/// A simulated device for a case: how late its operations may complete, and whether it
+/// offers its memory to transports (GPUDirect's direct path, taken where the transport
+/// registers device memory, [`ThreadTransport::InprocDevice`]).
+#[derive(Clone, Copy, Debug)]
+struct Dev {
+    jitter: Duration,
+    direct: bool,
+}
+
+fn dev(us: u64) -> Option<Dev> {
+    Some(Dev {
+        jitter: Duration::from_micros(us),
+        direct: false,
+    })
+}
+
 /// Twins start as this, so a twin read before its download shows.
 const POISON: u8 = 0xA5;
 
 /// The case with every rank's buffers on a [`SimDevice`] whose operations each wait up to
 /// `jitter`: the collectives see only poisoned host twins, and the result is read back from
 /// the device. Returns wrong elements per rank, with the device's operation counts.
-fn run_on_device(
-    comm: &mut Communicator,
-    c: &Case,
-    input: &[u8],
-    jitter: Duration,
-) -> (Bytes, Counts) {
+fn run_on_device(comm: &mut Communicator, c: &Case, input: &[u8], device: Dev) -> (Bytes, Counts) {
     let r = comm.rank();
     let ts = c.dtype.size();
     let (inp, out, in_off, _) = layout(c, r);
-    let mut sim = SimDevice::new(jitter, 7 + r as u64);
+    let mut sim = SimDevice::new(device.jitter, 7 + r as u64);
+    if device.direct {
+        sim = sim.direct();
+    }
     let mirror = |sim: &mut SimDevice, twin: &mut Bytes, init: &[u8]| {
         let dev = sim.alloc(twin.len()).unwrap();
         sim.write(dev, init).unwrap();
@@ -281,7 +295,7 @@ fn run_case_on(
     seg: usize,
     window: usize,
     transport: ThreadTransport,
-    device: Option<Duration>,
+    device: Option<Dev>,
 ) -> Vec<(u64, Counts)> {
     let cfg = CommConfig {
         timeout: Duration::from_secs(20),
@@ -296,8 +310,8 @@ fn run_case_on(
         let ts = c.dtype.size();
         let (inp, out, in_off, _) = layout(&c, r);
         let expected = expected_of(&c, r, &inputs);
-        if let Some(jitter) = device {
-            let (got, counts) = run_on_device(comm, &c, &inputs[r], jitter);
+        if let Some(d) = device {
+            let (got, counts) = run_on_device(comm, &c, &inputs[r], d);
             let wrong = count_wrong(c.dtype, c.op, &got[..expected.len()], &expected);
             return (wrong, counts);
         }
@@ -387,11 +401,30 @@ proptest! {
     /// uploads (or the staging around the other algorithms) must give the host result, with
     /// device operations completing late and in their own time.
     #[test]
-    fn every_collective_on_a_device((case, seg, window) in case_strategy(&device_kinds())) {
-        let res = run_case_on(case, seg, window, ThreadTransport::Inproc, Some(Duration::from_micros(30)));
+    fn every_collective_on_a_device(
+        (case, seg, window) in case_strategy(&device_kinds()),
+        direct in any::<bool>(),
+        nic_takes_device_memory in any::<bool>(),
+    ) {
+        let transport = if nic_takes_device_memory {
+            ThreadTransport::InprocDevice
+        } else {
+            ThreadTransport::Inproc
+        };
+        let d = Dev { jitter: Duration::from_micros(30), direct };
+        let res = run_case_on(case, seg, window, transport, Some(d));
         let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
-        prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window}: wrong per rank {wrong:?}");
+        prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window} {d:?} {transport:?}: wrong per rank {wrong:?}");
         let reduces: u64 = res.iter().map(|r| r.1.reduces).sum();
+        let copies: u64 = res.iter().map(|r| r.1.downloads + r.1.uploads).sum();
+        let moves = case.n > 1 && case.count > 0;
+        if case.kind.drives_device() && moves {
+            if direct && nic_takes_device_memory {
+                prop_assert_eq!(copies, 0, "{:?}: the direct path copies nothing", case);
+            } else {
+                prop_assert!(copies > 0, "{:?}: staged through the twins", case);
+            }
+        }
         if case.kind.drives_device() && case.kind.reduces() && case.n > 1 && case.count > 0 {
             prop_assert!(reduces > 0, "{case:?}: no reduction ran on the device");
         }
@@ -405,8 +438,7 @@ proptest! {
 /// on host memory and on device buffers.
 #[test]
 fn every_collective_over_tcp() {
-    let device = Some(Duration::from_micros(20));
-    for (kinds, device) in [(KINDS.to_vec(), None), (device_kinds(), device)] {
+    for (kinds, device) in [(KINDS.to_vec(), None), (device_kinds(), dev(20))] {
         for kind in kinds {
             for in_place in [false, true] {
                 let n = if kind == Kind::HyperCube { 4 } else { 3 };
@@ -451,8 +483,7 @@ fn every_op_reduces_on_the_device() {
                     in_place: op == ReduceOp::Avg,
                     root: 2,
                 };
-                let jitter = Some(Duration::from_micros(10));
-                let res = run_case_on(c, 256, 2, ThreadTransport::Inproc, jitter);
+                let res = run_case_on(c, 256, 2, ThreadTransport::Inproc, dev(10));
                 assert!(res.iter().all(|r| r.0 == 0), "{c:?}: {res:?}");
                 let k: Counts = res.iter().fold(Counts::default(), |a, r| Counts {
                     reduces: a.reduces + r.1.reduces,

@@ -6,8 +6,8 @@
 
 use crate::slots::Slots;
 use crate::{
-    Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
-    SendComm, Transport, TransportError,
+    Handle, Identity, Listener, MemRegion, MemoryKind, Properties, PtrSupport, RecvComm,
+    Registration, RequestId, Result, SendComm, Transport, TransportError,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,11 +37,25 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug)]
 pub struct InprocTransport {
     identity: Identity,
+    device_memory: bool,
 }
 
 impl InprocTransport {
     pub fn new(identity: Identity) -> Self {
-        InprocTransport { identity }
+        InprocTransport {
+            identity,
+            device_memory: false,
+        }
+    }
+
+    /// An in-process transport that also registers and moves `MemoryKind::Cuda` regions,
+    /// as a NIC with GPUDirect RDMA does: the tests' simulated devices keep "device memory"
+    /// in host memory, so the direct path of the algorithms runs without a GPU or NIC.
+    pub fn with_device_memory(identity: Identity) -> Self {
+        InprocTransport {
+            identity,
+            device_memory: true,
+        }
     }
 }
 
@@ -72,10 +86,19 @@ impl Transport for InprocTransport {
             latency_us: None,
             ptr_support: PtrSupport {
                 host: true,
-                cuda: false,
+                cuda: self.device_memory,
                 dmabuf: false,
             },
             max_requests: 1024,
+        }
+    }
+
+    fn register(&self, region: MemRegion) -> Result<Registration> {
+        match region.kind() {
+            MemoryKind::Cuda { .. } if !self.device_memory => Err(TransportError::Unsupported(
+                "the in-process transport moves host memory only: stage device buffers".into(),
+            )),
+            _ => Ok(Registration { region, key: 0 }),
         }
     }
 

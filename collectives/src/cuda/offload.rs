@@ -50,6 +50,8 @@ pub struct CudaOffload {
     spare: Vec<CudaEvent>,
     issued: u64,
     done: u64,
+    /// Offer device memory to transports (GPUDirect RDMA available on this host).
+    direct: bool,
 }
 
 impl CudaOffload {
@@ -66,7 +68,14 @@ impl CudaOffload {
             spare: Vec::new(),
             issued: 0,
             done: 0,
+            direct: false,
         }
+    }
+
+    /// Offer device memory to transports that can register it (GPUDirect RDMA found);
+    /// engines fall back to the twins where the transport refuses.
+    pub fn set_direct(&mut self, direct: bool) {
+        self.direct = direct;
     }
 
     /// The device, for work outside collectives (fills, `#wrong` counts, timing events).
@@ -160,6 +169,45 @@ impl Offload for CudaOffload {
 
     fn mirrors(&self) -> &[Mirror] {
         &self.all
+    }
+
+    fn device_kind(&self) -> Option<busbw_transports::MemoryKind> {
+        let device = self.gpu.info().index as i32;
+        self.direct
+            .then_some(busbw_transports::MemoryKind::Cuda { device })
+    }
+
+    fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
+        // The landing area is device memory of the staging size: in the direct path,
+        // received segments land there straight from the NIC.
+        self.staging(bytes)?;
+        match self.landing.as_ref() {
+            Some(l) => self.gpu.address(l, 0).map_err(oe),
+            None => Err(OffloadError("no device staging memory".into())),
+        }
+    }
+
+    fn reduce_on_device(
+        &mut self,
+        out: u64,
+        mine: u64,
+        staged: u64,
+        elems: usize,
+        dtype: DataType,
+        op: crate::dtype::ReduceOp,
+        avg_over: Option<usize>,
+    ) -> Result<Ticket, OffloadError> {
+        // SAFETY: the engines pass device addresses of mirrored buffers and of the device
+        // staging, for `elems` elements each; `out` equals `mine` or is disjoint from it.
+        unsafe {
+            self.gpu
+                .reduce_at(out, mine, staged, elems, dtype, op)
+                .map_err(oe)?;
+            if let Some(n) = avg_over {
+                self.gpu.finish_avg_at(out, elems, n, dtype).map_err(oe)?;
+            }
+        }
+        self.ticket()
     }
 
     fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {

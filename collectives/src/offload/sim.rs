@@ -142,6 +142,10 @@ pub struct SimDevice {
     user: Vec<Mirror>,
     all: Vec<Mirror>,
     staging: HostBuffer,
+    /// Direct mode: transports may move the device memory itself, as with GPUDirect RDMA.
+    direct: bool,
+    device_staging: Option<u64>,
+    device_staging_len: usize,
     scratch: Pair,
     premul: Pair,
     counts: Counts,
@@ -181,10 +185,20 @@ impl SimDevice {
             user: Vec::new(),
             all: Vec::new(),
             staging: empty(),
+            direct: false,
+            device_staging: None,
+            device_staging_len: 0,
             scratch: Pair::new(),
             premul: Pair::new(),
             counts: Counts::default(),
         }
+    }
+
+    /// Offer the device's memory to transports that can move it (`device_kind`), as a GPU
+    /// with GPUDirect RDMA does; engines use it where the transport registers it.
+    pub fn direct(mut self) -> SimDevice {
+        self.direct = true;
+        self
     }
 
     /// `len` bytes of device memory, zeroed; returns its device address.
@@ -289,6 +303,66 @@ impl Offload for SimDevice {
 
     fn mirrors(&self) -> &[Mirror] {
         &self.all
+    }
+
+    fn device_kind(&self) -> Option<busbw_transports::MemoryKind> {
+        self.direct
+            .then_some(busbw_transports::MemoryKind::Cuda { device: 0 })
+    }
+
+    fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
+        if !self.direct {
+            return Err(OffloadError(
+                "this simulated device is not in direct mode".into(),
+            ));
+        }
+        match self.device_staging {
+            Some(a) if self.device_staging_len >= bytes => Ok(a),
+            _ => {
+                self.sync()?;
+                let a = self.alloc(bytes).ok_or_else(|| {
+                    OffloadError(format!("cannot allocate {bytes} bytes of device staging"))
+                })?;
+                self.device_staging = Some(a);
+                self.device_staging_len = bytes;
+                Ok(a)
+            }
+        }
+    }
+
+    fn reduce_on_device(
+        &mut self,
+        out: u64,
+        mine: u64,
+        staged: u64,
+        elems: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        avg_over: Option<usize>,
+    ) -> Result<Ticket, OffloadError> {
+        let bytes = elems * dtype.size();
+        let mirrored = |a: u64| {
+            self.all
+                .iter()
+                .any(|m| a >= m.device && a + bytes as u64 <= m.device + m.len as u64)
+        };
+        for a in [out, mine, staged] {
+            if self.allocation(a, bytes).is_none() && !mirrored(a) {
+                return Err(OffloadError(format!(
+                    "{bytes} bytes at device {a:#x} are outside device memory"
+                )));
+            }
+        }
+        self.counts.reduces += 1;
+        self.issue(Job::Reduce {
+            out: out as usize,
+            mine: mine as usize,
+            staged: staged as usize,
+            elems,
+            dtype,
+            op,
+            avg_over,
+        })
     }
 
     fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
