@@ -202,21 +202,20 @@ impl Device {
         cache.evict_overlapping(k);
         // A device registration that fails leaves staging as the way out: say so in the
         // error callers already handle that way.
-        let device = |what: &str, e: TransportError| TransportError::DeviceMemory {
+        let device = |what: String| TransportError::DeviceMemory {
             transport: "verbs",
-            missing: format!("{what} failed: {e}"),
+            missing: what,
         };
         let mr = match path {
             RegPath::Host => Mr::new(self.pd, region.ptr(), region.len())?,
-            RegPath::PeerMem => Mr::new(self.pd, region.ptr(), region.len()).map_err(|e| {
-                device(
-                    "registering device memory through the peer-memory module",
-                    e,
-                )
+            RegPath::PeerMem => Mr::reg(self.pd, region.ptr(), region.len()).map_err(|e| {
+                device(format!(
+                    "ibv_reg_mr of {} bytes of device memory through the peer-memory module failed: {e}",
+                    region.len()
+                ))
             })?,
-            RegPath::DmaBuf(d) => {
-                Mr::dmabuf(self.pd, &region, d).map_err(|e| device("registering its dma-buf", e))?
-            }
+            RegPath::DmaBuf(d) => Mr::dmabuf(self.pd, &region, d)
+                .map_err(|e| device(format!("registering its dma-buf failed: {e}")))?,
         };
         let key = mr.key();
         cache.map.insert(k, MrEntry { mr, refs: 1 });
@@ -543,13 +542,20 @@ const ACCESS: ffi::ibv_access_flags = ffi::ibv_access_flags(
 
 impl Mr {
     fn new(pd: *mut ffi::ibv_pd, ptr: *mut u8, len: usize) -> Result<Mr> {
+        Mr::reg(pd, ptr, len).map_err(|e| {
+            TransportError::Unsupported(format!(
+                "registering {len} bytes for RDMA: {e} (raise `ulimit -l`, the locked-memory limit)"
+            ))
+        })
+    }
+
+    /// `ibv_reg_mr`, with the bare OS error: host memory's failure is usually the
+    /// locked-memory limit, device memory's is not, so callers word it.
+    fn reg(pd: *mut ffi::ibv_pd, ptr: *mut u8, len: usize) -> io::Result<Mr> {
         // SAFETY: pd is valid; the caller keeps ptr..ptr+len allocated while registered.
         let mr = unsafe { ffi::ibv_reg_mr(pd, ptr as *mut _, len.max(1), ACCESS.0 as i32) };
         if mr.is_null() {
-            return Err(TransportError::Unsupported(format!(
-                "registering {len} bytes for RDMA: {} (raise `ulimit -l`, the locked-memory limit)",
-                io::Error::last_os_error()
-            )));
+            return Err(io::Error::last_os_error());
         }
         Ok(Mr { mr })
     }
