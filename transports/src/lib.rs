@@ -224,7 +224,7 @@ pub trait Transport: Send + Sync {
         if region.kind() != MemoryKind::Host {
             return Err(TransportError::DeviceMemory {
                 transport: self.properties().name,
-                missing: "it moves bytes with the CPU, which cannot address device memory".into(),
+                missing: "it moves bytes with the CPU, which cannot address device memory (GPUDirect RDMA needs the verbs transport)".into(),
             });
         }
         Ok(Registration { region, key: 0 })

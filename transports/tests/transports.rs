@@ -521,7 +521,10 @@ fn cpu_transports_refuse_device_memory_and_say_to_stage() {
         match t.register(dev) {
             Err(TransportError::DeviceMemory { transport, missing }) => {
                 assert_eq!(transport, name);
-                assert!(missing.contains("CPU"), "{missing}");
+                assert!(
+                    missing.contains("CPU") && missing.contains("verbs"),
+                    "{missing}"
+                );
             }
             other => panic!("{name}: device memory registered: {other:?}"),
         }

@@ -79,7 +79,7 @@ pub fn path_line(
 ) -> (DevicePath, String) {
     let path = decide(props, gpu_dmabuf);
     let line = match path {
-        DevicePath::Staged => staged_line(&why_staged(props, gpu_dmabuf, sysfs)),
+        DevicePath::Staged => staged_line(&why_staged(props, sysfs)),
         p => format!(
             "{}: device memory registered with {}",
             p.describe(),
@@ -104,7 +104,7 @@ fn staged_line(why: &str) -> String {
     format!("{}: {why}", DevicePath::Staged.describe())
 }
 
-fn why_staged(props: &Properties, gpu_dmabuf: bool, sysfs: &Path) -> String {
+fn why_staged(props: &Properties, sysfs: &Path) -> String {
     if props.name == "multi" {
         return "one registration serves every member of the multi transport, and its shared-memory or TCP member moves bytes with the CPU".into();
     }
@@ -124,10 +124,11 @@ fn why_staged(props: &Properties, gpu_dmabuf: bool, sysfs: &Path) -> String {
             sysfs.join("module").display()
         )
     };
-    let dmabuf = match (props.ptr_support.dmabuf, gpu_dmabuf) {
-        (false, _) => "the kernel, rdma-core or NIC driver cannot register dma-bufs",
-        (true, false) => "the GPU or its driver cannot export dma-bufs",
-        (true, true) => "dma-buf was not chosen",
+    // Staged with dma-buf working on the NIC side means the GPU side lacks it (see decide).
+    let dmabuf = if props.ptr_support.dmabuf {
+        "the GPU or its driver cannot export dma-bufs"
+    } else {
+        "the kernel, rdma-core or NIC driver cannot register dma-bufs"
     };
     format!("{peermem} and {dmabuf}")
 }
