@@ -32,6 +32,13 @@ pub enum TransportError {
     OutsideRegistration,
     #[error("{0}")]
     Unsupported(String),
+    /// Device memory offered to a transport that cannot register it. Callers fall back to
+    /// staging through pinned host memory and print `missing` as the reason.
+    #[error("the {transport} transport cannot register CUDA device memory: {missing}; stage it through pinned host memory instead")]
+    DeviceMemory {
+        transport: &'static str,
+        missing: String,
+    },
     /// A failed RDMA work completion or verbs call, decoded (`verbs::wc`).
     #[error("RDMA with peer rank {peer}: {msg}")]
     Rdma { peer: u32, msg: String },

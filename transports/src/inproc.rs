@@ -95,9 +95,10 @@ impl Transport for InprocTransport {
 
     fn register(&self, region: MemRegion) -> Result<Registration> {
         match region.kind() {
-            MemoryKind::Cuda { .. } if !self.device_memory => Err(TransportError::Unsupported(
-                "the in-process transport moves host memory only: stage device buffers".into(),
-            )),
+            MemoryKind::Cuda { .. } if !self.device_memory => Err(TransportError::DeviceMemory {
+                transport: "inproc",
+                missing: "it moves bytes with the CPU, which cannot address device memory (GPUDirect RDMA needs the verbs transport)".into(),
+            }),
             _ => Ok(Registration { region, key: 0 }),
         }
     }

@@ -75,6 +75,18 @@ pub struct Properties {
     pub max_requests: usize,
 }
 
+/// A dma-buf that holds a region's device memory, for NICs that register device memory
+/// through dma-buf rather than through the nvidia-peermem module. Only the file descriptor
+/// travels here so that this crate needs no CUDA: the CUDA code exports it
+/// (`busbw_collectives::cuda::dmabuf`) and keeps it open until registration returns, after
+/// which the kernel holds its own reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaBuf {
+    pub fd: i32,
+    /// Where the region's first byte lies inside the dma-buf (the export covers whole pages).
+    pub offset: u64,
+}
+
 /// A memory range handed to a transport. Constructing one is `unsafe` because the transport
 /// will read or write through the pointer for as long as a request using it is in flight.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +94,7 @@ pub struct MemRegion {
     ptr: *mut u8,
     len: usize,
     kind: MemoryKind,
+    dmabuf: Option<DmaBuf>,
 }
 
 // SAFETY: a MemRegion is only an address range; the code that creates it guarantees that the
@@ -94,7 +107,27 @@ impl MemRegion {
     /// `ptr..ptr+len` must stay valid (allocated, not moved) for as long as this region, or
     /// any [`Registration`] made from it, is used by a transport.
     pub unsafe fn new(ptr: *mut u8, len: usize, kind: MemoryKind) -> Self {
-        MemRegion { ptr, len, kind }
+        MemRegion {
+            ptr,
+            len,
+            kind,
+            dmabuf: None,
+        }
+    }
+    /// The same region, registrable through `dmabuf` where a transport supports dma-buf.
+    ///
+    /// # Safety
+    /// `dmabuf.fd` must be a dma-buf exported for this region's device memory, with the
+    /// region's first byte at `dmabuf.offset`, and stay open until every
+    /// [`Transport::register`] of the returned region has returned.
+    pub unsafe fn with_dmabuf(self, dmabuf: DmaBuf) -> Self {
+        MemRegion {
+            dmabuf: Some(dmabuf),
+            ..self
+        }
+    }
+    pub fn dmabuf(&self) -> Option<DmaBuf> {
+        self.dmabuf
     }
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
@@ -183,8 +216,17 @@ pub trait Transport: Send + Sync {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>>;
 
-    /// Register memory for use in `isend`/`irecv`.
+    /// Register memory for use in `isend`/`irecv`. Transports that move bytes with the CPU
+    /// (sockets, shared-memory copies) cannot dereference device pointers, so by default
+    /// device memory is refused with [`TransportError::DeviceMemory`]: the caller stages it
+    /// through pinned host memory instead.
     fn register(&self, region: MemRegion) -> Result<Registration> {
+        if region.kind() != MemoryKind::Host {
+            return Err(TransportError::DeviceMemory {
+                transport: self.properties().name,
+                missing: "it moves bytes with the CPU, which cannot address device memory (GPUDirect RDMA needs the verbs transport)".into(),
+            });
+        }
         Ok(Registration { region, key: 0 })
     }
 

@@ -139,6 +139,14 @@ impl Transport for MultiTransport {
         // each connection used.
         let mut p = self.members[self.members.len() - 1].transport.properties();
         p.name = "multi";
+        // One registration serves every member, so only what all of them can move directly
+        // may skip staging (shared memory cannot take device memory even where verbs can).
+        for m in &self.members {
+            let q = m.transport.properties().ptr_support;
+            p.ptr_support.host &= q.host;
+            p.ptr_support.cuda &= q.cuda;
+            p.ptr_support.dmabuf &= q.dmabuf;
+        }
         p
     }
 
@@ -176,8 +184,18 @@ impl Transport for MultiTransport {
         // Every member registers; at most one (verbs) uses keys, TCP and shared memory return
         // 0, so the key that is not 0 is the one the connections that need one will read.
         let mut key = 0;
-        for m in &self.members {
-            let r = m.transport.register(region)?;
+        for (i, m) in self.members.iter().enumerate() {
+            let r = match m.transport.register(region) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Device memory one member refuses must not stay registered (pinned) on
+                    // the members before it: the caller stages instead and never releases it.
+                    for done in &self.members[..i] {
+                        let _ = done.transport.deregister(Registration { region, key });
+                    }
+                    return Err(e);
+                }
+            };
             if r.key != 0 {
                 key = r.key;
             }
@@ -229,6 +247,61 @@ impl Listener for MultiListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tcp::{TcpConfig, TcpTransport};
+    use crate::MemRegion;
+    use std::sync::atomic::{AtomicIsize, Ordering};
+    use std::sync::Arc;
+
+    /// TCP under another name: a second network member, or (with `held`) one that takes
+    /// device memory as verbs with GPUDirect does and counts what it holds registered.
+    struct Wrapped {
+        tcp: TcpTransport,
+        name: &'static str,
+        held: Option<Arc<AtomicIsize>>,
+    }
+
+    impl Wrapped {
+        fn new(id: Identity, name: &'static str, held: Option<Arc<AtomicIsize>>) -> Self {
+            let tcp = TcpTransport::new(id, TcpConfig::default());
+            Wrapped { tcp, name, held }
+        }
+    }
+
+    impl Transport for Wrapped {
+        fn properties(&self) -> Properties {
+            let mut p = self.tcp.properties();
+            p.name = self.name;
+            p.ptr_support.cuda = self.held.is_some();
+            p
+        }
+        fn listen(&self) -> Result<(Handle, Box<dyn Listener>)> {
+            self.tcp.listen()
+        }
+        fn identity(&self) -> Identity {
+            self.tcp.identity()
+        }
+        fn connect(&self, h: &Handle, c: u32, t: Duration) -> Result<Box<dyn SendComm>> {
+            self.tcp.connect(h, c, t)
+        }
+        fn register(&self, region: MemRegion) -> Result<Registration> {
+            match &self.held {
+                Some(h) => {
+                    h.fetch_add(1, Ordering::Relaxed);
+                    Ok(Registration { region, key: 7 })
+                }
+                None => self.tcp.register(region),
+            }
+        }
+        fn deregister(&self, r: Registration) -> Result<()> {
+            match &self.held {
+                Some(h) => {
+                    h.fetch_sub(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                None => self.tcp.deregister(r),
+            }
+        }
+    }
 
     #[test]
     fn handle_round_trip() {
@@ -253,30 +326,12 @@ mod tests {
     /// the pair falls back to the member both have.
     #[test]
     fn members_only_one_side_has_are_not_used() {
-        use crate::tcp::{TcpConfig, TcpTransport};
-        struct Fancy(TcpTransport);
-        impl Transport for Fancy {
-            fn properties(&self) -> Properties {
-                let mut p = self.0.properties();
-                p.name = "fancy";
-                p
-            }
-            fn listen(&self) -> Result<(Handle, Box<dyn Listener>)> {
-                self.0.listen()
-            }
-            fn identity(&self) -> Identity {
-                self.0.identity()
-            }
-            fn connect(&self, h: &Handle, c: u32, t: Duration) -> Result<Box<dyn SendComm>> {
-                self.0.connect(h, c, t)
-            }
-        }
         let net = |rank, fancy: bool| {
             let id = Identity { job: 5, rank };
             let mut m = vec![];
             if fancy {
                 m.push(Member {
-                    transport: Box::new(Fancy(TcpTransport::new(id, TcpConfig::default()))),
+                    transport: Box::new(Wrapped::new(id, "fancy", None)),
                     same_node_only: false,
                 });
             }
@@ -301,7 +356,6 @@ mod tests {
 
     fn rank(node: &str, rank: u32) -> MultiTransport {
         use crate::inproc::InprocTransport;
-        use crate::tcp::{TcpConfig, TcpTransport};
         let id = Identity { job: 5, rank };
         MultiTransport::new(
             vec![
@@ -323,7 +377,7 @@ mod tests {
     /// arrive either way.
     #[test]
     fn routes_by_node_and_delivers() {
-        use crate::{MemRegion, MemoryKind};
+        use crate::MemoryKind;
         let a = rank("host-a", 0);
         let (h, mut l) = a.listen().unwrap();
         for (node, want) in [("host-a", "inproc"), ("host-b", "tcp")] {
@@ -364,5 +418,51 @@ mod tests {
         .unwrap();
         let e = only_local.route(&h).unwrap_err().to_string();
         assert!(e.contains("another host"), "{e}");
+    }
+
+    /// A member that takes device memory (as verbs with GPUDirect does) next to one that
+    /// cannot: the multi transport advertises no device support, and a refused registration
+    /// leaves nothing registered on the member that had accepted it.
+    #[test]
+    fn device_memory_needs_every_member_and_a_refusal_releases_the_others() {
+        use crate::MemoryKind;
+        let id = Identity { job: 5, rank: 0 };
+        let held = Arc::new(AtomicIsize::new(0));
+        let m = MultiTransport::new(
+            vec![
+                Member {
+                    transport: Box::new(Wrapped::new(id, "gpu", Some(held.clone()))),
+                    same_node_only: true,
+                },
+                Member {
+                    transport: Box::new(TcpTransport::new(id, TcpConfig::default())),
+                    same_node_only: false,
+                },
+            ],
+            "host-a".into(),
+        )
+        .unwrap();
+        let p = m.properties().ptr_support;
+        assert!(p.host && !p.cuda && !p.dmabuf, "{p:?}");
+        // SAFETY: never dereferenced.
+        let dev = unsafe { MemRegion::new(0x1000 as *mut u8, 64, MemoryKind::Cuda { device: 0 }) };
+        match m.register(dev) {
+            Err(TransportError::DeviceMemory {
+                transport: "tcp", ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            held.load(Ordering::Relaxed),
+            0,
+            "the accepting member was released"
+        );
+        let mut host = [0u8; 64];
+        let r = m
+            .register(unsafe { MemRegion::new(host.as_mut_ptr(), 64, MemoryKind::Host) })
+            .unwrap();
+        assert_eq!((r.key, held.load(Ordering::Relaxed)), (7, 1));
+        m.deregister(r).unwrap();
+        assert_eq!(held.load(Ordering::Relaxed), 0);
     }
 }

@@ -496,3 +496,44 @@ fn tcp_config_limits_follow_nccl() {
 fn inproc_mixed_stream() {
     mixed_stream(inproc);
 }
+
+/// Transports that move bytes with the CPU refuse device memory with the typed error that
+/// tells the caller to stage, naming themselves, rather than registering a pointer they would
+/// fault on; host memory registers as before.
+#[test]
+fn cpu_transports_refuse_device_memory_and_say_to_stage() {
+    use busbw_transports::shm::{ShmConfig, ShmTransport};
+    let shm = |rank, job| -> Box<dyn Transport> {
+        Box::new(ShmTransport::new(
+            Identity { job, rank },
+            ShmConfig::default(),
+        ))
+    };
+    let mut host = [0u8; 64];
+    for (name, t) in [
+        ("tcp", tcp(0, 7)),
+        ("inproc", inproc(0, 7)),
+        ("shm", shm(0, 7)),
+    ] {
+        // SAFETY: refused before any use; never dereferenced.
+        let dev =
+            unsafe { MemRegion::new(0x1000 as *mut u8, 4096, MemoryKind::Cuda { device: 0 }) };
+        match t.register(dev) {
+            Err(TransportError::DeviceMemory { transport, missing }) => {
+                assert_eq!(transport, name);
+                assert!(
+                    missing.contains("CPU") && missing.contains("verbs"),
+                    "{missing}"
+                );
+            }
+            other => panic!("{name}: device memory registered: {other:?}"),
+        }
+        let e = t.register(dev).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains("pinned host memory"), "{e}");
+        let r = t
+            .register(unsafe { MemRegion::new(host.as_mut_ptr(), host.len(), MemoryKind::Host) })
+            .unwrap();
+        assert_eq!(r.region.len(), 64);
+        t.deregister(r).unwrap();
+    }
+}

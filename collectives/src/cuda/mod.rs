@@ -3,8 +3,9 @@
 //! Everything that can be decided or checked without a GPU is always compiled, so the default
 //! build tests it: the kernel sources ([`kernels`], checked against the host generators by
 //! building them as host C++), the driver probe ([`probe`]), device selection ([`select`]) and
-//! the GPUDirect RDMA check ([`gpudirect`]). The driver calls themselves ([`device`]) need
-//! feature `cuda` (cudarc, loaded at run time, so the build needs no CUDA toolkit either).
+//! the GPUDirect RDMA check and path line ([`gpudirect`]). The driver calls themselves
+//! ([`device`], and [`dmabuf`], the dma-buf export for GPUDirect RDMA without nvidia-peermem)
+//! need feature `cuda` (cudarc, loaded at run time, so the build needs no CUDA toolkit either).
 
 pub mod gpudirect;
 pub mod kernels;
@@ -13,6 +14,8 @@ pub mod select;
 
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod dmabuf;
 #[cfg(feature = "cuda")]
 pub mod offload;
 

@@ -4,6 +4,7 @@
 //! calls); the binary adds what libibverbs itself says when built with `verbs`.
 
 use super::gid::{self, show};
+use super::gpudirect::{peermem_module, PEERMEM_MODULES};
 use super::{hca, usable_ports, VerbsConfig};
 use std::fmt::Write;
 
@@ -168,6 +169,9 @@ pub fn report(cfg: &VerbsConfig, library: Option<Result<usize, String>>) -> Repo
             .collect();
         let _ = writeln!(t, "rail per local rank: {}", per_rank.join(", "));
     }
+    if !devices.is_empty() {
+        let _ = writeln!(t, "{}", gpudirect_line(cfg.sysfs.root()));
+    }
     match &library {
         None => {
             let _ = writeln!(
@@ -191,6 +195,22 @@ pub fn report(cfg: &VerbsConfig, library: Option<Result<usize, String>>) -> Repo
     Report {
         text: t,
         usable: ok,
+    }
+}
+
+/// What GPU buffers would do on this host's NICs, as far as sysfs tells: the peer-memory
+/// module is visible here; dma-buf support is only known once a run opens a NIC.
+fn gpudirect_line(sysfs: &std::path::Path) -> String {
+    match peermem_module(sysfs) {
+        Some(m) => format!(
+            "GPUDirect RDMA: {m} is loaded: the verbs transport registers GPU buffers with the NIC"
+        ),
+        None => format!(
+            "GPUDirect RDMA: no peer-memory module ({}) is loaded; GPU buffers use dma-buf where \
+             the kernel (5.12+), rdma-core (34+) and the GPU driver allow it, else they are staged \
+             through host memory",
+            PEERMEM_MODULES.join(" or ")
+        ),
     }
 }
 
@@ -250,6 +270,7 @@ mod tests {
             "usable ports: mlx5_0:1",
             "rail per local rank: local rank 0 -> mlx5_0:1",
             "built without the `verbs` feature",
+            "GPUDirect RDMA: no peer-memory module (nvidia_peermem or nv_peer_mem) is loaded",
         ] {
             assert!(t.contains(want), "missing {want:?} in:\n{t}");
         }
@@ -260,6 +281,12 @@ mod tests {
             r.usable && r.text.contains("libibverbs: 2 device(s)"),
             "{}",
             r.text
+        );
+        std::fs::create_dir_all(root.join("module/nvidia_peermem")).unwrap();
+        let t = report(&cfg, None).text;
+        assert!(
+            t.contains("GPUDirect RDMA: nvidia_peermem is loaded: the verbs transport registers GPU buffers"),
+            "{t}"
         );
         let _ = std::fs::remove_dir_all(root);
     }
@@ -278,6 +305,11 @@ mod tests {
             )),
         );
         assert!(r.text.starts_with("no RDMA devices"), "{}", r.text);
+        assert!(
+            !r.text.contains("GPUDirect"),
+            "no NIC, nothing to say: {}",
+            r.text
+        );
         assert!(
             r.text.contains("advice: libibverbs cannot list devices"),
             "{}",

@@ -8,6 +8,7 @@
 //! queue, memory regions and everything else before the protection domain and the context,
 //! which live in the `Arc<Device>` every comm holds.
 
+use super::gpudirect::RegPath;
 use super::handshake::PortAddr;
 use super::proto::{Completion, Local, Op};
 use crate::{MemRegion, Registration, Result, TransportError};
@@ -16,7 +17,23 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
 use std::ptr;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+/// `ibv_reg_dmabuf_mr`, looked up at run time rather than linked: it exists only since
+/// rdma-core 34 (IBVERBS_1.12), and linking it would stop the binary from starting at all on
+/// hosts with an older libibverbs, where host-memory RDMA works fine.
+type RegDmabufMr =
+    unsafe extern "C" fn(*mut ffi::ibv_pd, u64, usize, u64, i32, i32) -> *mut ffi::ibv_mr;
+
+fn reg_dmabuf_mr() -> Option<RegDmabufMr> {
+    static F: OnceLock<Option<RegDmabufMr>> = OnceLock::new();
+    *F.get_or_init(|| {
+        // SAFETY: dlsym with a NUL-terminated name; libibverbs is already loaded (linked).
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"ibv_reg_dmabuf_mr".as_ptr()) };
+        // SAFETY: the symbol, when present, has this C signature (verbs.h).
+        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, RegDmabufMr>(f) })
+    })
+}
 
 fn os_err(what: &str) -> TransportError {
     TransportError::Unsupported(format!("{what}: {}", io::Error::last_os_error()))
@@ -150,9 +167,23 @@ impl Device {
         })
     }
 
-    /// Registers `region`, reusing a cached registration of the same range. The key carries
-    /// both keys (lkey high, rkey low) so the data path needs no lookup.
-    pub fn register(&self, region: MemRegion) -> Result<Registration> {
+    /// NCCL's dma-buf probe: register nothing from an invalid descriptor and return the errno
+    /// (see [`super::gpudirect::dmabuf_from_probe`]); `None` when libibverbs lacks the call.
+    pub fn dmabuf_probe(&self) -> Option<i32> {
+        let f = reg_dmabuf_mr()?;
+        // SAFETY: pd is valid; fd -1 makes the kernel reject the call before touching memory.
+        let mr = unsafe { f(self.pd, 0, 0, 0, -1, 0) };
+        if mr.is_null() {
+            return Some(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        // SAFETY: a region the call above returned; deregistered once.
+        unsafe { ffi::ibv_dereg_mr(mr) };
+        Some(0)
+    }
+
+    /// Registers `region` by `path`, reusing a cached registration of the same range. The key
+    /// carries both keys (lkey high, rkey low) so the data path needs no lookup.
+    pub fn register(&self, region: MemRegion, path: RegPath) -> Result<Registration> {
         if region.is_empty() {
             // Nothing to read or write: zero-length messages carry no SGE.
             return Ok(Registration { region, key: 0 });
@@ -169,7 +200,23 @@ impl Device {
         // A freed buffer whose address range was reused must not keep its old pages pinned
         // behind a stale registration: drop unused entries that overlap the new range.
         cache.evict_overlapping(k);
-        let mr = Mr::new(self.pd, region.ptr(), region.len())?;
+        // A device registration that fails leaves staging as the way out: say so in the
+        // error callers already handle that way.
+        let device = |what: String| TransportError::DeviceMemory {
+            transport: "verbs",
+            missing: what,
+        };
+        let mr = match path {
+            RegPath::Host => Mr::new(self.pd, region.ptr(), region.len())?,
+            RegPath::PeerMem => Mr::reg(self.pd, region.ptr(), region.len()).map_err(|e| {
+                device(format!(
+                    "ibv_reg_mr of {} bytes of device memory through the peer-memory module failed: {e}",
+                    region.len()
+                ))
+            })?,
+            RegPath::DmaBuf(d) => Mr::dmabuf(self.pd, &region, d)
+                .map_err(|e| device(format!("registering its dma-buf failed: {e}")))?,
+        };
         let key = mr.key();
         cache.map.insert(k, MrEntry { mr, refs: 1 });
         cache.trim();
@@ -487,16 +534,56 @@ pub struct Mr {
     mr: *mut ffi::ibv_mr,
 }
 
+const ACCESS: ffi::ibv_access_flags = ffi::ibv_access_flags(
+    ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+        | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+        | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
+);
+
 impl Mr {
     fn new(pd: *mut ffi::ibv_pd, ptr: *mut u8, len: usize) -> Result<Mr> {
-        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        Mr::reg(pd, ptr, len).map_err(|e| {
+            TransportError::Unsupported(format!(
+                "registering {len} bytes for RDMA: {e} (raise `ulimit -l`, the locked-memory limit)"
+            ))
+        })
+    }
+
+    /// `ibv_reg_mr`, with the bare OS error: host memory's failure is usually the
+    /// locked-memory limit, device memory's is not, so callers word it.
+    fn reg(pd: *mut ffi::ibv_pd, ptr: *mut u8, len: usize) -> io::Result<Mr> {
         // SAFETY: pd is valid; the caller keeps ptr..ptr+len allocated while registered.
-        let mr = unsafe { ffi::ibv_reg_mr(pd, ptr as *mut _, len.max(1), access.0 as i32) };
+        let mr = unsafe { ffi::ibv_reg_mr(pd, ptr as *mut _, len.max(1), ACCESS.0 as i32) };
+        if mr.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mr { mr })
+    }
+
+    /// Registers `region` from dma-buf `d` with the region's own address as the I/O virtual
+    /// address, so work requests name device memory exactly as they name host memory.
+    fn dmabuf(pd: *mut ffi::ibv_pd, region: &MemRegion, d: crate::DmaBuf) -> Result<Mr> {
+        let f = reg_dmabuf_mr().ok_or_else(|| {
+            TransportError::Unsupported("this libibverbs has no ibv_reg_dmabuf_mr".into())
+        })?;
+        let len = region.len();
+        // SAFETY: pd is valid; the caller keeps the dma-buf's memory allocated while
+        // registered and fd open for the call (MemRegion::with_dmabuf's contract).
+        let mr = unsafe {
+            f(
+                pd,
+                d.offset,
+                len,
+                region.ptr() as u64,
+                d.fd,
+                ACCESS.0 as i32,
+            )
+        };
         if mr.is_null() {
             return Err(TransportError::Unsupported(format!(
-                "registering {len} bytes for RDMA: {} (raise `ulimit -l`, the locked-memory limit)",
+                "ibv_reg_dmabuf_mr of {len} bytes at offset {} of dma-buf fd {}: {}",
+                d.offset,
+                d.fd,
                 io::Error::last_os_error()
             )));
         }

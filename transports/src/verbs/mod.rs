@@ -4,12 +4,14 @@
 //! Everything that can be decided without libibverbs lives in always-compiled modules, so the
 //! default build (no RDMA libraries) still parses `NCCL_IB_*`, reads sysfs for `doctor`, and
 //! tests the protocol against a fake completion source: [`hca`] (`NCCL_IB_HCA`), [`sysfs`],
-//! [`gid`] (NCCL's GID choice), [`handshake`] (handle, hello and reply bytes), [`proto`] (the
+//! [`gid`] (NCCL's GID choice), [`gpudirect`] (may device memory be registered, and how),
+//! [`handshake`] (handle, hello and reply bytes), [`proto`] (the
 //! state machines), [`wc`] (completion errors in words) and [`doctor`]. The transport itself
 //! ([`VerbsTransport`], feature `verbs`) is the only code that calls verbs.
 
 pub mod doctor;
 pub mod gid;
+pub mod gpudirect;
 pub mod handshake;
 pub mod hca;
 pub mod proto;

@@ -7,6 +7,7 @@
 //! which the receiving side starts announcing buffers. Both ends therefore only write to
 //! queue pairs that are already ready to receive.
 
+use super::gpudirect::{self, GpuDirect};
 use super::handshake::{self, Hello, ListenInfo, PortAddr, Reply};
 use super::ib::{Cq, Device, OwnedMr, PathParams, Qp};
 use super::proto::{
@@ -37,6 +38,7 @@ pub struct VerbsTransport {
     advertise: Option<IpAddr>,
     choice: PortChoice,
     dev: Arc<Device>,
+    gpudirect: GpuDirect,
 }
 
 impl VerbsTransport {
@@ -50,7 +52,9 @@ impl VerbsTransport {
     ) -> Result<Self> {
         let choice = pick_port(&cfg).map_err(TransportError::Unsupported)?;
         let dev = Device::open(&choice.device, choice.port, choice.gid.index)?;
+        let gpudirect = GpuDirect::detect(cfg.sysfs.root(), dev.dmabuf_probe());
         Ok(VerbsTransport {
+            gpudirect,
             identity,
             cfg,
             bind,
@@ -63,6 +67,11 @@ impl VerbsTransport {
     /// `mlx5_0:1 GID 3 ::ffff:10.0.0.7 (RoCE v2) (auto)`.
     pub fn describe(&self) -> String {
         self.choice.describe()
+    }
+
+    /// Which device-memory registrations this node's verbs stack accepts, and why not.
+    pub fn gpudirect(&self) -> &GpuDirect {
+        &self.gpudirect
     }
 
     fn proto_config(&self) -> ProtoConfig {
@@ -140,8 +149,8 @@ impl Transport for VerbsTransport {
             latency_us: None,
             ptr_support: PtrSupport {
                 host: true,
-                cuda: false,
-                dmabuf: false,
+                cuda: self.gpudirect.peermem.is_some(),
+                dmabuf: self.gpudirect.dmabuf.is_ok(),
             },
             max_requests: self.cfg.depth,
         }
@@ -233,7 +242,8 @@ impl Transport for VerbsTransport {
     }
 
     fn register(&self, region: MemRegion) -> Result<Registration> {
-        self.dev.register(region)
+        let path = gpudirect::reg_path(&region, &self.gpudirect)?;
+        self.dev.register(region, path)
     }
 
     fn deregister(&self, registration: Registration) -> Result<()> {
@@ -740,5 +750,42 @@ mod tests {
         }
         assert_eq!((sd, rd), (Some(src.len()), Some(src.len())));
         assert!(dst == src, "bytes arrived intact");
+    }
+
+    /// On a host with an active RDMA port: the advertised pointer support matches the
+    /// GPUDirect check, and device memory that is not a live CUDA allocation is never
+    /// registered: it is refused, or its registration fails, with the error that says to stage.
+    #[test]
+    fn device_memory_on_a_nic_is_registered_or_refused_with_a_reason() {
+        let cfg = VerbsConfig::default();
+        if let Err(why) = library_devices().and_then(|_| pick_port(&cfg)) {
+            let _ = writeln!(
+                io::stderr(),
+                "SKIP device_memory_on_a_nic_is_registered_or_refused_with_a_reason because there is no usable RDMA port ({why})"
+            );
+            return;
+        }
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let t = VerbsTransport::new(Identity { job: 1, rank: 0 }, cfg, ip, None).unwrap();
+        let p = t.properties().ptr_support;
+        let gd = t.gpudirect().clone();
+        assert_eq!(
+            (p.cuda, p.dmabuf),
+            (gd.peermem.is_some(), gd.dmabuf.is_ok())
+        );
+        // SAFETY: a page-aligned address no allocation holds; the NIC must not accept it.
+        let bogus = unsafe {
+            MemRegion::new(
+                0x7f00_dead_0000 as *mut u8,
+                1 << 16,
+                crate::MemoryKind::Cuda { device: 0 },
+            )
+        };
+        match t.register(bogus) {
+            Err(TransportError::DeviceMemory { missing, .. }) => {
+                let _ = writeln!(io::stderr(), "device memory refused: {missing}");
+            }
+            other => panic!("a bogus device range was not refused: {other:?}"),
+        }
     }
 }
