@@ -173,6 +173,7 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
         args: std::env::args_os().skip(1).collect(),
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
+        ranks_per_process: plan.ranks_per_process(),
     };
     // Without a token of the user's, a fresh random one: the ranks' loopback ports and shared
     // memory sockets are reachable by every local user, who must not be able to join.
@@ -201,6 +202,7 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
         plan.timeout,
         &[exit::WRONG_RESULTS],
         token,
+        plan.ranks_per_process(),
     ) {
         Ok(code) => code,
         Err(e) => {

@@ -1061,6 +1061,17 @@ fn a_failing_thread_rank_ends_the_job_naming_it() {
             )) && err.contains("failing on purpose"),
             "{err}"
         );
+        // The launcher names each process by the ranks it hosts.
+        let process = if victim == "1" {
+            "[ranks 0-1] "
+        } else {
+            "[ranks 2-3] "
+        };
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(process) && l.contains("failing on purpose")),
+            "{err}"
+        );
         // Every other rank says it stopped and why, pointing at the victim.
         for r in ["0", "1", "2", "3"].into_iter().filter(|r| *r != victim) {
             let line = err
