@@ -484,24 +484,22 @@ fn launcher_environment_is_checked() {
 /// Starts a long sweep, waits for the first data row, then does `act` to rank `victim`
 /// (found by its pid in the device table). Returns (exit code, stderr, seconds after `act`).
 fn disrupt(victim: usize, timeout_s: u64, act: fn(i32)) -> (Option<i32>, String, f64) {
+    disrupt_job(&["--np", "4"], victim, timeout_s, act)
+}
+
+/// [`disrupt`] on the job that `job` (`--np`, `-t`) describes.
+fn disrupt_job(
+    job: &[&str],
+    victim: usize,
+    timeout_s: u64,
+    act: fn(i32),
+) -> (Option<i32>, String, f64) {
     let t = timeout_s.to_string();
     let mut child = busbw()
+        .arg("all_reduce_perf")
+        .args(job)
         .args([
-            "all_reduce_perf",
-            "--np",
-            "4",
-            "-b",
-            "64K",
-            "-e",
-            "4M",
-            "-f",
-            "2",
-            "-n",
-            "200",
-            "-N",
-            "0",
-            "-T",
-            &t,
+            "-b", "64K", "-e", "4M", "-f", "2", "-n", "200", "-N", "0", "-T", &t,
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -567,6 +565,30 @@ fn killed_rank_ends_the_job_naming_it() {
             >= 2,
         "{stderr}"
     );
+}
+
+/// Killing a process of two ranks: the launcher names it by its ranks, the survivors name it
+/// as the root cause.
+#[test]
+fn killed_process_of_two_ranks_is_named_by_its_ranks() {
+    let (code, stderr, secs) = disrupt_job(&["--np", "2", "-t", "2"], 2, 10, |pid| unsafe {
+        libc_kill(pid, 9);
+    });
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(secs < 10.0, "took {secs:.1}s, more than -T\n{stderr}");
+    assert!(
+        stderr.contains("busbw: ranks 2-3 (pid") && stderr.contains("killed by signal 9"),
+        "{stderr}"
+    );
+    for r in [0, 1] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("[ranks 0-1] ")
+                    && l.contains(&format!("busbw: rank {r} on "))),
+            "rank {r} should say why it stopped\n{stderr}"
+        );
+    }
 }
 
 #[test]
