@@ -78,7 +78,7 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
         if args.verbose > 0 {
             eprintln!(
                 "busbw: no launcher environment found: running {} local rank(s)",
-                args.np
+                args.np * plan.ranks_per_process()
             );
         }
         return match (args.np, args.nproc_per_node) {
