@@ -257,12 +257,13 @@ pub struct PerfArgs {
     /// waited for. 0 selects the default: busbw never waits forever.
     #[arg(short = 'T', long = "timeout", default_value_t = 300)]
     pub timeout: u64,
-    /// Threads per process (nccl-tests compatibility; only 1 is supported).
+    /// Threads per process, each a rank of the job (nccl-tests' -t): ranks = processes ×
+    /// threads × GPUs per thread.
     #[arg(short = 't', long = "nthreads", default_value_t = 1)]
     pub nthreads: u32,
-    /// GPUs per process: 1 puts this rank's buffers on a CUDA device (build feature `cuda`;
-    /// device chosen as nccl-tests does: NCCL_TESTS_DEVICE, else local rank; see
-    /// docs/cuda.md). Not given or 0: host memory.
+    /// GPUs per thread, one rank each, with buffers on CUDA devices (build feature `cuda`;
+    /// devices chosen as nccl-tests does: NCCL_TESTS_DEVICE, else local rank × threads × GPUs;
+    /// see docs/cuda.md). Not given or 0: host memory.
     #[arg(short = 'g', long = "ngpus", visible_alias = "gpus")]
     pub ngpus: Option<u32>,
     /// Root rank of broadcast, reduce, scatter and gather; -1 loops over every rank.
@@ -346,6 +347,9 @@ pub struct PerfArgs {
     /// Test hook: corrupt one result element on this rank after each validation run.
     #[arg(long = "debug-corrupt-rank", hide = true)]
     pub debug_corrupt_rank: Option<usize>,
+    /// Test hook: this rank fails with an error at its first measured size.
+    #[arg(long = "debug-fail-rank", hide = true)]
+    pub debug_fail_rank: Option<usize>,
     #[command(flatten)]
     pub report: crate::cli_report::ReportArgs,
 }

@@ -1,4 +1,4 @@
-//! `-g 1`: this rank's buffers on a CUDA device (feature `cuda`; docs/cuda.md).
+//! `-g`: this rank's buffers on a CUDA device (feature `cuda`; docs/cuda.md).
 //!
 //! TCP and shared memory move host memory, so each device buffer has a pinned host twin and
 //! the device is attached to the communicator for the length of an operation
@@ -14,6 +14,7 @@
 
 use crate::specs::{DataCtx, InitFn, RunFn};
 use anyhow::Result;
+use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::Communicator;
 use std::ops::Range;
 
@@ -139,7 +140,7 @@ pub enum DeviceMem {}
 
 #[cfg(not(feature = "cuda"))]
 impl DeviceMem {
-    pub fn open(_local_rank: usize, _gpus: u32) -> Result<DeviceMem> {
+    pub fn open(_slot: Slot) -> Result<DeviceMem> {
         anyhow::bail!(NO_CUDA_BUILD)
     }
     pub fn line(&self) -> GpuLine {
@@ -189,7 +190,7 @@ mod imp {
     };
     use busbw_collectives::cuda::gpudirect;
     use busbw_collectives::cuda::offload::CudaOffload;
-    use busbw_collectives::cuda::select::{select_device, Slot};
+    use busbw_collectives::cuda::select::select_device;
     use busbw_collectives::Mirror;
 
     /// A rank's device, its send/receive/expected buffers and their pinned twins. The
@@ -320,19 +321,12 @@ mod imp {
     }
 
     impl DeviceMem {
-        /// Selects (nccl-tests' rule) and opens this rank's device.
-        pub fn open(local_rank: usize, gpus: u32) -> Result<DeviceMem> {
+        /// Selects (nccl-tests' rule) and opens the device of the rank at `slot`.
+        pub fn open(slot: Slot) -> Result<DeviceMem> {
             let visible = busbw_collectives::cuda::device::device_count()?;
             let env = std::env::var("NCCL_TESTS_DEVICE").ok();
             let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-            // One thread per process; -g is 1 (the plan refuses more).
-            let _ = gpus;
-            let choice = select_device(
-                Slot::single(local_rank),
-                visible,
-                env.as_deref(),
-                cvd.as_deref(),
-            )?;
+            let choice = select_device(slot, visible, env.as_deref(), cvd.as_deref())?;
             let gpu = Gpu::open(choice.index)?;
             let timer = gpu.timer()?;
             let (send, recv) = (gpu.alloc(1)?, gpu.alloc(1)?);
@@ -569,7 +563,9 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn without_the_feature_opening_a_device_says_how_to_get_one() {
-        let e = DeviceMem::open(0, 1).err().expect("no CUDA in this build");
+        let e = DeviceMem::open(Slot::single(0))
+            .err()
+            .expect("no CUDA in this build");
         let m = e.to_string();
         assert!(
             m.contains("--features cuda") && m.contains("drop -g"),
@@ -580,7 +576,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn with_the_feature_opening_a_device_works_or_says_why_not() {
-        match DeviceMem::open(0, 1) {
+        match DeviceMem::open(Slot::single(0)) {
             Ok(d) => assert!(!d.line().name.is_empty()),
             Err(e) => {
                 let m = format!("{e:#}");

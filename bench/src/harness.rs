@@ -188,6 +188,9 @@ fn sweep(
     while plan.cycles == 0 || cycle < plan.cycles {
         cycle += 1;
         for &size in &plan.sizes {
+            if plan.fail_rank == Some(rank) {
+                anyhow::bail!("failing on purpose at {size} bytes (--debug-fail-rank {rank})");
+            }
             let counts = (spec.counts)(size, dtype, n);
             let mut cells = [None, None];
             let mut details = [None, None];

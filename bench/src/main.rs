@@ -16,6 +16,7 @@ mod session;
 mod sizes;
 mod specs;
 mod terminal;
+mod threads;
 mod tiers;
 mod verbs;
 

@@ -10,8 +10,10 @@ use crate::plan::Plan;
 use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
+use crate::threads;
 use anyhow::{Context, Result};
 use busbw_collectives::algo::Algo;
+use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::CommError;
 use busbw_launchers::signal;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
@@ -22,12 +24,14 @@ use std::sync::{Arc, Mutex};
 /// The nccl-tests release whose output format and semantics we reproduce.
 pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
 
-/// What a rank does once it has joined the job; returns its exit code.
-pub type Work<'a> = &'a dyn Fn(&mut Session, &Plan, &World) -> Result<i32>;
+/// What a rank does once it has joined the job; returns its exit code. `Sync` because the
+/// ranks of one process (`-t`, `-g`) run it on their threads.
+pub type Work<'a> = &'a (dyn Fn(&mut Session, &Plan, &World) -> Result<i32> + Sync);
 
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
     main_with(spec, args, &|session, plan, world| {
-        sweep(session, plan, args, world.local_rank)
+        let slot = threads::slot(world.local_rank, plan.threads as usize, plan.gpus as usize);
+        sweep(session, plan, args, slot)
     })
 }
 
@@ -74,10 +78,12 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
         if args.verbose > 0 {
             eprintln!(
                 "busbw: no launcher environment found: running {} local rank(s)",
-                args.np
+                args.np * plan.ranks_per_process()
             );
         }
         return match (args.np, args.nproc_per_node) {
+            // Several ranks need a store even in one process: the local launcher serves it.
+            (1, 1) if plan.ranks_per_process() > 1 => launch_local(1, &plan, token),
             (1, 1) => run_rank(World::single(), &plan, args, work),
             (1, g) | (g, 1) => launch_local(g, &plan, token),
             (np, g) => {
@@ -102,7 +108,7 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
         }
     }
     if d.launched {
-        return run_rank(d.world, &plan, args, work);
+        return run_process(&d.world, &plan, args, work);
     }
     if args.np != 1 {
         eprintln!(
@@ -118,7 +124,35 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
     if args.nproc_per_node > 1 {
         return launch_pod(&d.world, args.nproc_per_node, &plan, token);
     }
-    run_rank(d.world, &plan, args, work)
+    if plan.ranks_per_process() > 1 && d.world.store_addr().is_none() {
+        // A one-process job described without a store address: its ranks still need one.
+        return launch_local(1, &plan, token);
+    }
+    run_process(&d.world, &plan, args, work)
+}
+
+/// This process's ranks: itself (the common case, on the main thread, exactly as without
+/// `-t`), or `-t × -g` ranks on threads of their own.
+fn run_process(world: &World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
+    let per_process = plan.ranks_per_process();
+    if per_process == 1 {
+        return run_rank(world.clone(), plan, args, work);
+    }
+    // A panic is a bug, but in a thread it must still end the job as a failure of this rank
+    // (posted to the store) rather than leave its peers waiting for -T.
+    let guarded = |s: &mut Session, p: &Plan, w: &World| -> Result<i32> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, p, w))).unwrap_or_else(
+            |panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                Err(anyhow::anyhow!("internal error (panicked): {what}"))
+            },
+        )
+    };
+    threads::run(world, per_process, &|w| run_rank(w, plan, args, &guarded))
 }
 
 fn own_exe() -> Result<std::path::PathBuf, i32> {
@@ -139,6 +173,7 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
         args: std::env::args_os().skip(1).collect(),
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
+        ranks_per_process: plan.ranks_per_process(),
     };
     // Without a token of the user's, a fresh random one: the ranks' loopback ports and shared
     // memory sockets are reachable by every local user, who must not be able to join.
@@ -167,6 +202,7 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
         plan.timeout,
         &[exit::WRONG_RESULTS],
         token,
+        plan.ranks_per_process(),
     ) {
         Ok(code) => code,
         Err(e) => {
@@ -403,14 +439,16 @@ impl SignalWatch {
                 while !st.load(std::sync::atomic::Ordering::Relaxed) {
                     if let Some(sig) = signal::received() {
                         let what = format!(
-                            "rank {rank} on {host} received {} (pod eviction, job cancel or                              Ctrl-C): results so far are kept, marked incomplete",
+                            "rank {rank} on {host} received {} (pod eviction, job cancel or \
+                             Ctrl-C): results so far are kept, marked incomplete",
                             signal::name(sig)
                         );
                         match a.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                             Some(abort) => abort.raise(what),
                             None => {
                                 eprintln!(
-                                    "busbw: rank {rank} on {host}: {} before the job was                                      joined: nothing measured, stopping",
+                                    "busbw: rank {rank} on {host}: {} before the job was \
+                                     joined: nothing measured, stopping",
                                     signal::name(sig)
                                 );
                                 std::process::exit(signal::exit_code(sig));
@@ -435,7 +473,7 @@ impl Drop for SignalWatch {
     }
 }
 
-fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, local_rank: usize) -> Result<i32> {
+fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Result<i32> {
     let rank0 = session.comm.rank() == 0;
     if let Err(msg) = plan.roots(session.comm.size()) {
         if rank0 {
@@ -448,19 +486,26 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, local_rank: usize)
     let rows = (plan.dtypes.len() * plan.ops.len() * roots * plan.sizes.len()) as u64;
     let total = (plan.cycles > 0).then(|| rows * u64::from(plan.cycles));
     let term = Terminal::new(&args.report, total, plan.spec.program, rank0);
+    // Only rank 0 prints; the others must not hold stdout's lock, which ranks on threads of
+    // rank 0's process would otherwise keep from it for the whole sweep.
+    let out: Box<dyn std::io::Write> = if rank0 {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::io::sink())
+    };
     let mut table = Outputs {
-        table: TextTable::new(std::io::stdout().lock()),
+        table: TextTable::new(out),
         term,
         exports: None,
     };
     if rank0 {
         table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
-    // -g 1: open this rank's device before the header, which names every rank's GPU.
+    // -g: open this rank's device before the header, which names every rank's GPU.
     let mut dev = match plan.gpus {
         0 => None,
         _ => {
-            let d = DeviceMem::open(local_rank, plan.gpus)
+            let d = DeviceMem::open(slot)
                 .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
             session.publish_gpu(&d.line(), plan.timeout)?;
             if rank0 {
@@ -526,8 +571,8 @@ pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
             env!("CARGO_PKG_VERSION"),
             session.transport_name
         ),
-        nthreads: 1,
-        ngpus: 1,
+        nthreads: plan.threads,
+        ngpus: plan.gpus.max(1),
         min_bytes: plan.min_bytes,
         max_bytes: plan.max_bytes,
         step: plan.step,

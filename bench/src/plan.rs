@@ -44,9 +44,18 @@ pub struct Plan {
     pub timeout: Duration,
     pub min_busbw: Option<f64>,
     pub corrupt_rank: Option<usize>,
-    /// `-g 1`: buffers on this rank's CUDA device.
+    /// `--debug-fail-rank`: this rank fails on purpose at its first measured size.
+    pub fail_rank: Option<usize>,
+    /// `-t`: ranks (OS threads) per process, each driving `gpus` devices' worth of ranks.
+    pub threads: u32,
+    /// `-g`: 0 for host memory, else CUDA devices per thread, one rank each.
     pub gpus: u32,
 }
+
+/// Ranks one process may host (`-t × -g`). Each is an OS thread with its own communicator,
+/// listener, store connections and buffers; far past any node's GPU count, it only catches a
+/// typo before it turns into thousands of threads.
+pub const MAX_RANKS_PER_PROCESS: usize = 256;
 
 impl Plan {
     pub fn new(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, String> {
@@ -73,23 +82,24 @@ impl Plan {
         if a.agg_iters == 0 {
             return Err("-m 0: at least one operation per iteration is needed".into());
         }
-        if a.nthreads != 1 {
+        if a.nthreads == 0 {
+            return Err("-t 0: a process needs at least one thread (rank)".into());
+        }
+        let gpus = a.ngpus.unwrap_or(0);
+        let per_process = u64::from(a.nthreads) * u64::from(gpus.max(1));
+        if per_process > MAX_RANKS_PER_PROCESS as u64 {
             return Err(format!(
-                "-t {}: busbw runs one rank per process; use --np (or your launcher) for more ranks",
+                "-t {} with -g {gpus}: {per_process} ranks in one process; busbw runs an OS \
+                 thread, a communicator and buffers per rank and allows at most \
+                 {MAX_RANKS_PER_PROCESS} per process: start more processes (--np, \
+                 --nproc-per-node or your launcher)",
                 a.nthreads
             ));
         }
-        let gpus = a.ngpus.unwrap_or(0);
-        if gpus > 1 {
-            return Err(format!(
-                "-g {gpus}: busbw drives one GPU per process (-g 1); start a process per GPU with \
-                 --np, --nproc-per-node or your launcher"
-            ));
-        }
-        if gpus == 1 && !cfg!(feature = "cuda") {
+        if gpus >= 1 && !cfg!(feature = "cuda") {
             return Err(crate::gpu::NO_CUDA_BUILD.into());
         }
-        if gpus == 1 {
+        if gpus >= 1 {
             // Before any rank starts: a host without the driver is a setup problem to name
             // once, not a failure of every rank.
             busbw_collectives::cuda::probe().map_err(|e| e.to_string())?;
@@ -153,8 +163,15 @@ impl Plan {
             timeout,
             min_busbw: a.min_busbw,
             corrupt_rank: a.debug_corrupt_rank,
+            fail_rank: a.debug_fail_rank,
+            threads: a.nthreads,
             gpus,
         })
+    }
+
+    /// Ranks each process hosts, one OS thread each: nccl-tests' threads × GPUs per thread.
+    pub fn ranks_per_process(&self) -> usize {
+        self.threads as usize * self.gpus.max(1) as usize
     }
 
     /// Roots to run for a communicator of `n` ranks.
@@ -176,7 +193,7 @@ impl Plan {
     /// different flags (or binaries) fail at once instead of deadlocking mid-sweep.
     pub fn fingerprint(&self) -> String {
         format!(
-            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {} {:?} {}",
+            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {} {:?} {} {}x{}",
             env!("CARGO_PKG_VERSION"),
             self.spec,
             self.min_bytes,
@@ -192,7 +209,9 @@ impl Plan {
             self.algo,
             self.transport,
             self.average,
-            self.cycles
+            self.cycles,
+            self.threads,
+            self.gpus
         )
     }
 }

@@ -158,6 +158,13 @@ pub fn main(t: &TiersArgs) -> i32 {
         );
         return exit::USAGE;
     }
+    if t.perf.nthreads > 1 {
+        eprintln!(
+            "busbw: error: tiers runs one rank per process (its groups are hosts and the tiers \
+             above them); drop -t and start a process per rank with --np or --nproc-per-node"
+        );
+        return exit::USAGE;
+    }
     perf::main_with(spec, &t.perf, &|session, plan, world| {
         run(session, plan, world, &opts)
     })

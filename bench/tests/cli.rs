@@ -423,7 +423,6 @@ fn bad_flags_are_usage_errors() {
     usage_error(&["all_reduce_perf", "-i", "0"], "-i 0");
     usage_error(&["all_reduce_perf", "-b", "1X"], "suffix");
     usage_error(&["all_reduce_perf", "-n", "0"], "-n 0");
-    usage_error(&["all_reduce_perf", "-g", "2"], "--np");
     usage_error(&["all_reduce_perf", "--bogus"], "--bogus");
     usage_error(
         &["all_reduce_perf", "--socket-nthreads", "17"],
@@ -445,7 +444,6 @@ fn bad_flags_are_usage_errors() {
 /// scripts/gpu-check.sh's to test, on a GPU.
 #[test]
 fn gpus_need_the_cuda_build_and_a_driver() {
-    usage_error(&["all_reduce_perf", "-g", "2"], "one GPU per process");
     usage_error(&["tiers", "-g", "1"], "drop -g");
     let ok = run(&["all_reduce_perf", "-b", "8", "-e", "8", "-g", "0"]);
     assert_eq!(
@@ -456,6 +454,7 @@ fn gpus_need_the_cuda_build_and_a_driver() {
     );
     if !cfg!(feature = "cuda") {
         usage_error(&["all_reduce_perf", "-g", "1"], "--features cuda");
+        usage_error(&["all_reduce_perf", "-g", "2"], "--features cuda");
         usage_error(&["gpu-bench"], "--features cuda");
     } else if let Err(e) = busbw_collectives::cuda::probe() {
         eprintln!("SKIP the -g 1 run: {e}");
@@ -485,24 +484,22 @@ fn launcher_environment_is_checked() {
 /// Starts a long sweep, waits for the first data row, then does `act` to rank `victim`
 /// (found by its pid in the device table). Returns (exit code, stderr, seconds after `act`).
 fn disrupt(victim: usize, timeout_s: u64, act: fn(i32)) -> (Option<i32>, String, f64) {
+    disrupt_job(&["--np", "4"], victim, timeout_s, act)
+}
+
+/// [`disrupt`] on the job that `job` (`--np`, `-t`) describes.
+fn disrupt_job(
+    job: &[&str],
+    victim: usize,
+    timeout_s: u64,
+    act: fn(i32),
+) -> (Option<i32>, String, f64) {
     let t = timeout_s.to_string();
     let mut child = busbw()
+        .arg("all_reduce_perf")
+        .args(job)
         .args([
-            "all_reduce_perf",
-            "--np",
-            "4",
-            "-b",
-            "64K",
-            "-e",
-            "4M",
-            "-f",
-            "2",
-            "-n",
-            "200",
-            "-N",
-            "0",
-            "-T",
-            &t,
+            "-b", "64K", "-e", "4M", "-f", "2", "-n", "200", "-N", "0", "-T", &t,
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -568,6 +565,30 @@ fn killed_rank_ends_the_job_naming_it() {
             >= 2,
         "{stderr}"
     );
+}
+
+/// Killing a process of two ranks: the launcher names it by its ranks, the survivors name it
+/// as the root cause.
+#[test]
+fn killed_process_of_two_ranks_is_named_by_its_ranks() {
+    let (code, stderr, secs) = disrupt_job(&["--np", "2", "-t", "2"], 2, 10, |pid| unsafe {
+        libc_kill(pid, 9);
+    });
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(secs < 10.0, "took {secs:.1}s, more than -T\n{stderr}");
+    assert!(
+        stderr.contains("busbw: ranks 2-3 (pid") && stderr.contains("killed by signal 9"),
+        "{stderr}"
+    );
+    for r in [0, 1] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("[ranks 0-1] ")
+                    && l.contains(&format!("busbw: rank {r} on "))),
+            "rank {r} should say why it stopped\n{stderr}"
+        );
+    }
 }
 
 #[test]
@@ -936,6 +957,198 @@ fn every_subcommand_over_each_transport() {
                 let ip = if coll == "alltoall" { "N/A" } else { "0" };
                 assert_eq!(r.ip_wrong, ip, "{coll} over {transport}\n{stdout}");
             }
+        }
+    }
+}
+
+// Several ranks per process (`-t`, `-g`): each thread a full rank of the job, validated,
+// listed in the `Using devices` block with its process's pid, and failing like a rank
+// process does.
+
+const THREADS_SWEEP: &[&str] = &["-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-T", "30"];
+
+/// (rank, pid) of every line of the `Using devices` block, in order.
+fn device_lines(stdout: &str) -> Vec<(usize, u32)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("#  Rank "))
+        .map(|rest| {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            (f[0].parse().unwrap(), f[4].parse().unwrap())
+        })
+        .collect()
+}
+
+/// Runs an all_reduce sweep with `extra` flags; asserts it validated with `#wrong` 0 on every
+/// row and returns stdout.
+fn validated_threads(extra: &[&str]) -> String {
+    let mut args = vec!["all_reduce_perf"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(THREADS_SWEEP);
+    let out = run(&args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{args:?}\n{stdout}\n{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for r in rows {
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!((f[8], f[12]), ("0", "0"), "#wrong in {r:?}");
+    }
+    assert!(
+        stdout.contains("# Out of bounds values : 0 OK\n"),
+        "{stdout}"
+    );
+    stdout
+}
+
+#[test]
+fn two_processes_of_two_threads_are_four_ranks() {
+    let stdout = validated_threads(&["--np", "2", "-t", "2"]);
+    assert!(
+        stdout.contains("# nThread 2 nGpus 1 minBytes 8 "),
+        "{stdout}"
+    );
+    let lines = device_lines(&stdout);
+    let ranks: Vec<usize> = lines.iter().map(|l| l.0).collect();
+    assert_eq!(ranks, [0, 1, 2, 3], "{stdout}");
+    // Ranks 0 and 1 are process 0's threads, 2 and 3 process 1's (as nccl-tests numbers them).
+    let pids: Vec<u32> = lines.iter().map(|l| l.1).collect();
+    assert_eq!(pids[0], pids[1], "{stdout}");
+    assert_eq!(pids[2], pids[3], "{stdout}");
+    assert_ne!(pids[0], pids[2], "{stdout}");
+    // One table: only global rank 0 prints.
+    assert_eq!(
+        stdout.matches("# Collective test concluded").count(),
+        1,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn three_threads_in_one_process_over_each_transport() {
+    for transport in ["auto", "tcp"] {
+        let stdout = validated_threads(&["--np", "1", "-t", "3", "--transport", transport]);
+        let lines = device_lines(&stdout);
+        assert_eq!(lines.len(), 3, "{stdout}");
+        assert!(lines.iter().all(|l| l.1 == lines[0].1), "one pid: {stdout}");
+        let via = if transport == "auto" { "shm" } else { "tcp" };
+        assert!(
+            stdout
+                .lines()
+                .filter(|l| l.starts_with("#  Rank "))
+                .all(|l| l.ends_with(&format!("host memory via {via}"))),
+            "{stdout}"
+        );
+    }
+}
+
+/// A rank that fails on a thread ends the whole job at once: it names itself, and its
+/// siblings in the same process and the ranks in the other process stop naming it.
+#[test]
+fn a_failing_thread_rank_ends_the_job_naming_it() {
+    // Rank 1 shares rank 0's process (the store's); rank 3 is the second thread of process 1.
+    for victim in ["1", "3"] {
+        let start = Instant::now();
+        let out = run(&[
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-t",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "2",
+            "-n",
+            "20",
+            "-T",
+            "10",
+            "--debug-fail-rank",
+            victim,
+        ]);
+        let secs = start.elapsed().as_secs_f64();
+        let err = text(&out.stderr);
+        let code = out.status.code();
+        assert!(code.is_some_and(|c| c != 0 && c != 7), "{code:?}\n{err}");
+        assert!(secs < 10.0, "took {secs:.1} s, more than -T\n{err}");
+        assert!(
+            err.contains(&format!(
+                "busbw: rank {victim} on {}",
+                busbw_launchers::hostname()
+            )) && err.contains("failing on purpose"),
+            "{err}"
+        );
+        // The launcher names each process by the ranks it hosts.
+        let process = if victim == "1" {
+            "[ranks 0-1] "
+        } else {
+            "[ranks 2-3] "
+        };
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(process) && l.contains("failing on purpose")),
+            "{err}"
+        );
+        // Every other rank says it stopped and why, pointing at the victim.
+        for r in ["0", "1", "2", "3"].into_iter().filter(|r| *r != victim) {
+            let line = err
+                .lines()
+                .find(|l| l.contains(&format!("busbw: rank {r} on ")))
+                .unwrap_or_else(|| panic!("rank {r} said nothing\n{err}"));
+            let next = err
+                .lines()
+                .skip_while(|l| *l != line)
+                .nth(1)
+                .unwrap_or_default();
+            assert!(
+                line.contains(&format!("rank {victim} on ")) || next.contains("root cause"),
+                "rank {r} should name rank {victim}: {line}\n{err}"
+            );
+        }
+    }
+}
+
+/// Wrong data on one thread-rank is counted in the job's `#wrong` like any rank's.
+#[test]
+fn a_thread_ranks_wrong_data_is_counted() {
+    let mut args = vec!["all_reduce_perf", "--np", "2", "-t", "2"];
+    args.extend_from_slice(THREADS_SWEEP);
+    args.extend_from_slice(&["--debug-corrupt-rank", "3"]);
+    let out = run(&args);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("# Out of bounds values : 12 FAILED"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn threads_and_gpus_out_of_range_are_usage_errors() {
+    usage_error(&["all_reduce_perf", "-t", "0"], "-t 0");
+    usage_error(
+        &["all_reduce_perf", "-t", "257"],
+        "257 ranks in one process",
+    );
+    usage_error(
+        &["all_reduce_perf", "-t", "64", "-g", "8"],
+        "512 ranks in one process",
+    );
+    usage_error(
+        &["all_reduce_perf", "-t", "4000000000", "-g", "4000000000"],
+        "at most 256 per process",
+    );
+    usage_error(&["tiers", "-t", "2"], "drop -t");
+    if !cfg!(feature = "cuda") {
+        // Several GPUs per thread are allowed now, but still need the CUDA build.
+        for g in ["2", "8"] {
+            usage_error(&["all_reduce_perf", "-g", g], "--features cuda");
+            usage_error(&["all_reduce_perf", "-t", "2", "-g", g], "--features cuda");
         }
     }
 }

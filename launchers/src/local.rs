@@ -43,6 +43,9 @@ pub struct LocalLaunch {
     /// results"): every rank reaches them together, so they neither abort the others nor get
     /// a line of their own on stderr.
     pub outcome_codes: Vec<i32>,
+    /// Ranks each child hosts (busbw's `-t × -g`, 1 otherwise): with several, the launcher
+    /// names a child by the ranks it hosts, the numbers the ranks' own messages use.
+    pub ranks_per_process: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,7 @@ pub fn run_with_token(l: &LocalLaunch, token: Option<&str>) -> Result<i32, Launc
         l.grace,
         &l.outcome_codes,
         token,
+        l.ranks_per_process,
     )
 }
 
@@ -120,7 +124,9 @@ pub fn run_with_token(l: &LocalLaunch, token: Option<&str>) -> Result<i32, Launc
 ///
 /// When a child fails, the launcher posts the failure to the job's store (unless the child
 /// was rank 0, which serves it), so ranks on other pods stop too, and kills its own other
-/// children after `grace`.
+/// children after `grace`. Each child hosts `ranks_per_process` ranks (see
+/// [`LocalLaunch::ranks_per_process`]).
+#[allow(clippy::too_many_arguments)]
 pub fn run_pod(
     pod: &World,
     g: usize,
@@ -129,32 +135,34 @@ pub fn run_pod(
     grace: Duration,
     outcome_codes: &[i32],
     token: Option<&str>,
+    ranks_per_process: usize,
 ) -> Result<i32, LaunchError> {
     if g == 0 {
         return Err(LaunchError::NoLocalRanks);
     }
-    if pod.store_addr().is_some() {
-        let ranks = (0..g).map(|i| expand(pod, g, i)).collect();
-        return supervise(ranks, None, exe, args, grace, outcome_codes, token);
-    }
-    if pod.size != 1 {
+    let (pod, listener) = if pod.store_addr().is_some() {
+        (pod.clone(), None)
+    } else if pod.size != 1 {
         return Err(LaunchError::NoMaster {
             rank: pod.rank,
             size: pod.size,
         });
-    }
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    let mut one = loopback_pod(listener.local_addr()?.port());
-    one.hostname.clone_from(&pod.hostname);
-    let ranks = (0..g).map(|i| expand(&one, g, i)).collect();
+    } else {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let mut one = loopback_pod(listener.local_addr()?.port());
+        one.hostname.clone_from(&pod.hostname);
+        (one, Some(listener))
+    };
+    let ranks = (0..g).map(|i| expand(&pod, g, i)).collect();
     supervise(
         ranks,
-        Some(listener),
+        listener,
         exe,
         args,
         grace,
         outcome_codes,
         token,
+        ranks_per_process,
     )
 }
 
@@ -166,8 +174,18 @@ fn loopback_pod(port: u16) -> World {
     w
 }
 
+/// How the launcher names the child that is rank `rank` of its launcher: by that rank, or by
+/// the ranks it hosts when it hosts several.
+fn child_name(rank: usize, ranks_per_process: usize) -> String {
+    match ranks_per_process {
+        0 | 1 => format!("rank {rank}"),
+        k => format!("ranks {}-{}", rank * k, rank * k + k - 1),
+    }
+}
+
 /// Start one child per entry of `ranks`, relay their output, and reap them. `listener`, if
 /// any, goes to the child that is global rank 0.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     ranks: Vec<World>,
     listener: Option<TcpListener>,
@@ -176,7 +194,9 @@ fn supervise(
     grace: Duration,
     outcome_codes: &[i32],
     token: Option<&str>,
+    ranks_per_process: usize,
 ) -> Result<i32, LaunchError> {
+    let name = |rank| child_name(rank, ranks_per_process);
     let token = token.filter(|t| !t.is_empty());
     let store_addr = ranks.first().and_then(World::store_addr);
     let mut listener = listener;
@@ -253,7 +273,7 @@ fn supervise(
         if rank == 0 {
             listener = None;
         }
-        let prefix = format!("[rank {rank}] ");
+        let prefix = format!("[{}] ", name(rank));
         if let Some(out) = child.stdout.take() {
             relays += spawn_relay(out, prefix.clone(), relay_done.clone());
         }
@@ -300,7 +320,7 @@ fn supervise(
             if forwarded.is_some() {
                 continue; // stopping on our signal, as asked: not a failure to report
             }
-            let what = describe(p.rank, p.pid, status);
+            let what = describe(&name(p.rank), p.pid, status);
             eprintln!("busbw: {what}");
             if kill_at.is_none() {
                 // Rank 0 serves the store: if it is the one that died there is nobody to tell,
@@ -325,11 +345,18 @@ fn supervise(
         }
         if let Some((deadline, culprit)) = kill_at {
             if Instant::now() >= deadline {
-                let names: Vec<String> = alive.iter().map(|&i| procs[i].rank.to_string()).collect();
+                let names: Vec<String> = alive
+                    .iter()
+                    .map(|&i| match ranks_per_process {
+                        0 | 1 => procs[i].rank.to_string(),
+                        _ => name(procs[i].rank),
+                    })
+                    .collect();
                 eprintln!(
-                    "busbw: killing rank(s) {} still running {:.1}s after rank {culprit} failed",
+                    "busbw: killing rank(s) {} still running {:.1}s after {} failed",
                     names.join(", "),
-                    grace.as_secs_f64()
+                    grace.as_secs_f64(),
+                    name(culprit)
                 );
                 for &i in &alive {
                     let p = &mut procs[i];
@@ -416,13 +443,14 @@ fn exit_code(status: ExitStatus) -> i32 {
     }
 }
 
-fn describe(rank: usize, pid: u32, status: ExitStatus) -> String {
-    describe_on(rank, pid, &crate::hostname(), status)
+fn describe(name: &str, pid: u32, status: ExitStatus) -> String {
+    describe_on(name, pid, &crate::hostname(), status)
 }
 
-/// The one line that names a rank that ended abnormally: rank, pid, host, what happened.
-fn describe_on(rank: usize, pid: u32, host: &str, status: ExitStatus) -> String {
-    let who = format!("rank {rank} (pid {pid} on {host})");
+/// The one line that names a child that ended abnormally: its rank(s), pid, host, what
+/// happened.
+fn describe_on(name: &str, pid: u32, host: &str, status: ExitStatus) -> String {
+    let who = format!("{name} (pid {pid} on {host})");
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("{who} exited with code {c}"),
         (None, Some(sig)) => match signal_name(sig) {
@@ -475,12 +503,23 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
         assert_eq!(
-            describe_on(2, 1234, "n1", ExitStatus::from_raw(libc::SIGKILL)),
+            describe_on("rank 2", 1234, "n1", ExitStatus::from_raw(libc::SIGKILL)),
             "rank 2 (pid 1234 on n1) was killed by signal 9 (SIGKILL)"
         );
         assert_eq!(
-            describe_on(2, 1234, "n1", ExitStatus::from_raw(3 << 8)),
+            describe_on("rank 2", 1234, "n1", ExitStatus::from_raw(3 << 8)),
             "rank 2 (pid 1234 on n1) exited with code 3"
+        );
+    }
+
+    #[test]
+    fn a_child_of_several_ranks_is_named_by_them() {
+        assert_eq!(child_name(3, 1), "rank 3");
+        assert_eq!(child_name(1, 2), "ranks 2-3");
+        assert_eq!(child_name(2, 3), "ranks 6-8");
+        assert_eq!(
+            describe_on(&child_name(1, 2), 7, "n1", ExitStatus::from_raw(1 << 8)),
+            "ranks 2-3 (pid 7 on n1) exited with code 1"
         );
     }
 }

@@ -16,6 +16,7 @@ fn sh(np: usize, script: &str, grace: Duration) -> LocalLaunch {
         args: vec!["-c".into(), script.into()],
         grace,
         outcome_codes: vec![],
+        ranks_per_process: 1,
     }
 }
 
@@ -90,6 +91,7 @@ fn a_pods_children_get_the_expanded_world() {
         Duration::from_secs(5),
         &[],
         Some("tok"),
+        1,
     )
     .unwrap();
     assert_eq!(code, 0);
@@ -122,6 +124,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         Duration::from_secs(5),
         &[],
         None,
+        1,
     )
     .unwrap();
     assert_eq!(code, 0);
@@ -134,6 +137,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         Duration::from_secs(1),
         &[],
         None,
+        1,
     )
     .unwrap_err();
     assert!(matches!(e, LaunchError::NoLocalRanks), "{e}");
@@ -145,6 +149,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         Duration::from_secs(1),
         &[],
         None,
+        1,
     )
     .unwrap_err();
     assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
@@ -171,6 +176,7 @@ fn a_failing_child_is_posted_to_the_jobs_store_and_its_siblings_killed() {
         Duration::from_millis(800),
         &[],
         Some("tok"),
+        1,
     )
     .unwrap();
     assert_eq!(code, 5);
@@ -223,6 +229,7 @@ fn bad_requests_are_clear_errors() {
         args: vec![],
         grace: Duration::from_secs(1),
         outcome_codes: vec![],
+        ranks_per_process: 1,
     };
     let e = run(&l).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/busbw-xyz"), "{e}");
@@ -302,6 +309,7 @@ fn a_failed_rank_is_broadcast_through_the_store() {
         args,
         grace: Duration::from_secs(15),
         outcome_codes: vec![],
+        ranks_per_process: 1,
     };
     let start = Instant::now();
     let code = run(&l).unwrap();
