@@ -146,7 +146,7 @@ impl DeviceMem {
     pub fn line(&self) -> GpuLine {
         match *self {}
     }
-    pub fn path(&self, _transport: &str) -> String {
+    pub fn choose_path(&mut self, _comm: &Communicator) -> String {
         match *self {}
     }
     pub fn reserve(&mut self, _send: usize, _recv: usize, _check: bool) -> Result<()> {
@@ -354,28 +354,34 @@ mod imp {
         }
 
         /// How device data reaches `transport`, in words (printed once by rank 0).
-        pub fn path(&self, transport: &str) -> String {
-            let staged = format!(
-                "{}, reductions on the device, copies per segment overlapped with the network \
-                 (ring, tree, chains; recursive doubling and point-to-point staged around the operation)",
-                gpudirect::DevicePath::Staged.describe()
-            );
-            let could = gpudirect::choose(
-                transport.contains("verbs") || transport == "auto",
-                std::path::Path::new("/sys"),
-                self.info.dmabuf,
-            );
-            match could {
-                gpudirect::DevicePath::Staged => staged,
-                // The verbs transport registers host memory only so far (docs/cuda.md).
-                p => format!(
-                    "{staged}; {} is available to RDMA peers, but the verbs transport does not register device memory yet",
-                    p.describe()
+        /// Decides how device data reaches `comm`'s transport (GPUDirect RDMA where the
+        /// NIC registers device memory, else staged through the twins), tells the offload,
+        /// and returns the line rank 0 prints.
+        pub fn choose_path(&mut self, comm: &Communicator) -> String {
+            let props = comm.transport().properties();
+            let sysfs = std::path::Path::new("/sys");
+            let (path, line) = gpudirect::path_line(&props, None, self.info.dmabuf, sysfs);
+            if let Some(d) = self.dev.as_mut() {
+                d.set_path(path);
+            }
+            let around = "recursive doubling and point-to-point staged around the operation";
+            match path {
+                gpudirect::DevicePath::Staged => format!(
+                    "{line}; reductions on the device, copies per segment overlapped with the \
+                     network (ring, tree, chains; {around})"
+                ),
+                _ => format!(
+                    "{line}; ring, tree and chains send and receive device memory, reduce on \
+                     the device and fall back to the twins where a connection refuses it; {around}"
                 ),
             }
         }
 
         pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
+            if let Some(d) = self.dev.as_mut() {
+                // The dma-bufs of the buffers about to be replaced.
+                d.forget_exports();
+            }
             let g = detached(&mut self.dev)?;
             let what = |b: usize, w: &str| format!("allocating {b} bytes of {w} memory; lower -e");
             self.send = g.alloc(send).with_context(|| what(send, "device send"))?;
@@ -393,6 +399,14 @@ mod imp {
                     g.alloc(recv)
                         .with_context(|| what(recv, "device expected"))?,
                 );
+            }
+            let whole = [
+                (g.address(&self.send, 0)?, self.send.len()),
+                (g.address(&self.recv, 0)?, self.recv.len()),
+            ];
+            if let Some(d) = self.dev.as_mut() {
+                d.export_buffers(&whole)
+                    .context("exporting the device buffers for GPUDirect RDMA")?;
             }
             Ok(())
         }

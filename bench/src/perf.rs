@@ -505,15 +505,12 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Res
     let mut dev = match plan.gpus {
         0 => None,
         _ => {
-            let d = DeviceMem::open(slot)
+            let mut d = DeviceMem::open(slot)
                 .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
             session.publish_gpu(&d.line(), plan.timeout)?;
+            let path = d.choose_path(&session.comm);
             if rank0 {
-                eprintln!(
-                    "busbw: device buffers: {} ({})",
-                    d.path(&session.transport_name),
-                    session.transport_name
-                );
+                eprintln!("busbw: device buffers: {path} ({})", session.transport_name);
             }
             Some(d)
         }

@@ -27,7 +27,7 @@ use crate::communicator::Communicator;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CommError;
 use crate::ring::Regs;
-use busbw_transports::MemoryKind;
+use busbw_transports::{MemRegion, MemoryKind};
 
 /// Completion handle of one asynchronous device operation. Tickets of one offload complete
 /// in the order they were issued (one device stream), so a later ticket implies every
@@ -133,6 +133,17 @@ pub trait Offload: Send {
         None
     }
 
+    /// The region a transport registers for device range `addr..addr+len` on the direct
+    /// path; a device that exports dma-bufs attaches one (the transport prefers it).
+    fn device_region(&mut self, addr: u64, len: usize) -> Result<MemRegion, OffloadError> {
+        let kind = self.device_kind().ok_or_else(|| {
+            OffloadError("this device cannot hand its memory to a transport".into())
+        })?;
+        // SAFETY: the engines pass ranges of mirrored device buffers or device staging, which
+        // stay allocated while the call's registrations are in use.
+        Ok(unsafe { MemRegion::new(addr as usize as *mut u8, len, kind) })
+    }
+
     /// Device memory of at least `bytes` for received segments that are reduced, when the
     /// transport moves device memory itself; valid until the next call asks for more.
     fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
@@ -209,17 +220,17 @@ pub(crate) fn prepare<T>(
         let stage = host_staging(comm)?;
         return Ok((stage, with(comm, stage, MemoryKind::Host)?, false));
     };
-    if let Some(kind) = d.device_kind() {
-        let stage = d.device_staging(stage_elems * esize).map_err(&e)? as usize as *mut T;
-        let mut dev_regions = Vec::with_capacity(regions.len());
+    if d.device_kind().is_some() {
+        let stage = d.device_staging(stage_elems * esize).map_err(&e)?;
+        let mut dev_regions = Vec::with_capacity(regions.len() + 1);
         for &(p, elems) in regions {
             let a = device_of(d.mirrors(), p as *const u8, elems * esize).map_err(&e)?;
-            dev_regions.push((a as usize as *const T, elems));
+            dev_regions.push(d.device_region(a, elems * esize).map_err(&e)?);
         }
-        dev_regions.push((stage as *const T, stage_elems));
+        dev_regions.push(d.device_region(stage, stage_elems * esize).map_err(&e)?);
         // A transport that cannot move device memory refuses the registration: stage.
-        if let Ok(regs) = Regs::with_kind(comm, &dev_regions, kind) {
-            return Ok((stage, regs, true));
+        if let Ok(regs) = Regs::register(comm, dev_regions) {
+            return Ok((stage as usize as *mut T, regs, true));
         }
     }
     let stage = d.staging(stage_elems * esize).map_err(&e)? as *mut T;

@@ -314,19 +314,27 @@ impl Regs {
         Regs::with_kind(comm, regions, MemoryKind::Host)
     }
 
-    /// Registers regions of `kind` (device memory for the GPUDirect path); on an error the
-    /// regions registered so far are released.
+    /// Registers regions of `kind`; on an error the regions registered so far are released.
     pub fn with_kind<T>(
         comm: &Communicator,
         regions: &[(*const T, usize)],
         kind: MemoryKind,
     ) -> Result<Regs, CommError> {
         let esize = std::mem::size_of::<T>();
-        let mut regs = Vec::with_capacity(regions.len());
-        for &(p, elems) in regions {
+        let regions: Vec<MemRegion> = regions
+            .iter()
             // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
             // the communicator's staging/scratch, which are not resized meanwhile).
-            let region = unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) };
+            .map(|&(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) })
+            .collect();
+        Regs::register(comm, regions)
+    }
+
+    /// Registers prepared regions (device memory for the GPUDirect path, possibly carrying
+    /// a dma-buf); on an error the regions registered so far are released.
+    pub fn register(comm: &Communicator, regions: Vec<MemRegion>) -> Result<Regs, CommError> {
+        let mut regs = Vec::with_capacity(regions.len());
+        for region in regions {
             match comm.transport().register(region) {
                 Ok(reg) => regs.push(reg),
                 Err(cause) => {

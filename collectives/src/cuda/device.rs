@@ -68,9 +68,25 @@ pub struct Gpu {
     wrong: CudaSlice<u64>,
 }
 
-/// Device memory of one buffer (send, receive or expected).
+/// Device memory of one buffer (send, receive or expected). Allocated with `cuMemAlloc`
+/// rather than cudarc's stream-ordered pool: pool memory cannot be registered with a NIC
+/// (GPUDirect RDMA, peermem or dma-buf), and a benchmark allocates rarely. cudarc would free
+/// it with `cuMemFreeAsync`, so the slice is leaked back and freed with `cuMemFree` here.
 pub struct DeviceBuffer {
-    mem: CudaSlice<u8>,
+    mem: std::mem::ManuallyDrop<CudaSlice<u8>>,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `mem` is taken once, here, and not used afterwards.
+        let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
+        let ctx = mem.stream().context().clone();
+        // leak() waits for the slice's pending work; the pointer came from cuMemAlloc.
+        let ptr = mem.leak();
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: allocated by malloc_sync in Gpu::alloc and freed exactly once.
+        ctx.record_err(unsafe { cudarc::driver::result::free_sync(ptr) });
+    }
 }
 
 impl DeviceBuffer {
@@ -180,11 +196,22 @@ impl Gpu {
     }
 
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer, CudaError> {
-        let mem = drv(
-            format!("allocating {len} bytes of device memory"),
-            self.stream.alloc_zeros::<u8>(len.max(1)),
+        let len = len.max(1);
+        self.bind()?;
+        // SAFETY: a plain allocation; the slice below owns it (see DeviceBuffer's Drop).
+        let ptr = drv(format!("allocating {len} bytes of device memory"), unsafe {
+            cudarc::driver::result::malloc_sync(len)
+        })?;
+        // SAFETY: `ptr` is a fresh allocation of `len` bytes; it is zeroed before use.
+        let mem = unsafe { self.stream.upgrade_device_ptr::<u8>(ptr, len) };
+        let mut b = DeviceBuffer {
+            mem: std::mem::ManuallyDrop::new(mem),
+        };
+        drv(
+            "zeroing device memory",
+            self.stream.memset_zeros(&mut *b.mem),
         )?;
-        Ok(DeviceBuffer { mem })
+        Ok(b)
     }
 
     /// Page-locked host memory, portable across contexts.
@@ -372,7 +399,7 @@ impl Gpu {
         let cfg = self.cfg(count);
         let c = count as u64;
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&mut dst.mem).arg(&a.mem).arg(&b.mem).arg(&c);
+        l.arg(&mut *dst.mem).arg(&*a.mem).arg(&*b.mem).arg(&c);
         // SAFETY: `count` elements of each buffer, checked above.
         drv("launching reduce", unsafe { l.launch(cfg) }).map(|_| ())
     }
@@ -398,7 +425,7 @@ impl Gpu {
             p
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&ptr).arg(&ptr).arg(&src.mem).arg(&c);
+        l.arg(&ptr).arg(&ptr).arg(&*src.mem).arg(&c);
         // SAFETY: dst is both output and first operand (the kernel reads a[i] before it
         // writes dst[i], same index); sizes checked above.
         drv("launching reduce in place", unsafe { l.launch(cfg) }).map(|_| ())

@@ -40,20 +40,6 @@ pub fn peermem_loaded(sysfs: &Path) -> bool {
     peermem_module(sysfs).is_some()
 }
 
-/// The path for one transport: `rdma` says whether the transport is RDMA verbs (TCP and
-/// shared memory always stage), `dmabuf` whether the device reports dma-buf support.
-pub fn choose(rdma: bool, sysfs: &Path, dmabuf: bool) -> DevicePath {
-    if !rdma {
-        DevicePath::Staged
-    } else if peermem_loaded(sysfs) {
-        DevicePath::PeerMem
-    } else if dmabuf {
-        DevicePath::DmaBuf
-    } else {
-        DevicePath::Staged
-    }
-}
-
 /// The path device buffers take over a transport with `props`, given whether the GPU exports
 /// dma-bufs (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`). dma-buf first, as the transport
 /// registers it first when a buffer carries one.
@@ -217,16 +203,16 @@ mod tests {
     }
 
     #[test]
-    fn rdma_uses_peermem_then_dmabuf_and_everything_else_stages() {
+    fn peermem_is_found_by_either_module_name() {
         let root = std::env::temp_dir().join(format!("busbw-gdr-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("module/ib_core")).unwrap();
-        assert_eq!(choose(true, &root, false), DevicePath::Staged);
-        assert_eq!(choose(true, &root, true), DevicePath::DmaBuf);
-        assert_eq!(choose(false, &root, true), DevicePath::Staged);
+        assert!(!peermem_loaded(&root));
+        std::fs::create_dir_all(root.join("module/nv_peer_mem")).unwrap();
+        assert!(peermem_loaded(&root));
+        std::fs::remove_dir_all(root.join("module/nv_peer_mem")).unwrap();
         std::fs::create_dir_all(root.join("module/nvidia_peermem")).unwrap();
-        assert_eq!(choose(true, &root, true), DevicePath::PeerMem);
-        assert_eq!(choose(false, &root, true), DevicePath::Staged);
+        assert!(peermem_loaded(&root));
         assert!(DevicePath::Staged.describe().contains("pinned host memory"));
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -9,8 +9,11 @@
 //! if it travels on: the CPU reduces nothing.
 
 use super::device::{CudaError, DeviceBuffer, Gpu, Pinned};
+use super::dmabuf::{self, Exported};
+use super::gpudirect::DevicePath;
 use crate::dtype::DataType;
 use crate::offload::{device_of, Mirror, Offload, OffloadError, Reduce, Ticket};
+use busbw_transports::{DmaBuf, MemRegion, MemoryKind};
 use cudarc::driver::CudaEvent;
 use std::collections::VecDeque;
 
@@ -52,6 +55,11 @@ pub struct CudaOffload {
     done: u64,
     /// Offer device memory to transports (GPUDirect RDMA available on this host).
     direct: bool,
+    /// Hand transports dma-bufs of the device ranges (the dma-buf path of GPUDirect).
+    dmabuf: bool,
+    /// dma-bufs exported so far: `(device address, length, export)`. Dropped whenever a
+    /// buffer they might cover is freed.
+    exports: Vec<(u64, usize, Exported)>,
 }
 
 impl CudaOffload {
@@ -69,13 +77,55 @@ impl CudaOffload {
             issued: 0,
             done: 0,
             direct: false,
+            dmabuf: false,
+            exports: Vec::new(),
         }
     }
 
-    /// Offer device memory to transports that can register it (GPUDirect RDMA found);
-    /// engines fall back to the twins where the transport refuses.
-    pub fn set_direct(&mut self, direct: bool) {
-        self.direct = direct;
+    /// Offer device memory to transports that can register it when GPUDirect RDMA is the
+    /// path (`PeerMem`: the device address; `DmaBuf`: a dma-buf of it); engines fall back to
+    /// the twins where the transport refuses.
+    pub fn set_path(&mut self, path: DevicePath) {
+        self.direct = path != DevicePath::Staged;
+        self.dmabuf = path == DevicePath::DmaBuf;
+    }
+
+    /// Export whole device buffers now (on the dma-buf path), so each collective's ranges
+    /// find their dma-buf instead of exporting their own.
+    pub fn export_buffers(&mut self, buffers: &[(u64, usize)]) -> Result<(), OffloadError> {
+        if !self.dmabuf {
+            return Ok(());
+        }
+        for &(a, len) in buffers {
+            self.export_of(a, len)?;
+        }
+        Ok(())
+    }
+
+    /// Forget every dma-buf: the buffers they cover are about to be freed or replaced.
+    pub fn forget_exports(&mut self) {
+        self.exports.clear();
+    }
+
+    /// The dma-buf covering `addr..addr+len` and the range's offset into it.
+    fn export_of(&mut self, addr: u64, len: usize) -> Result<DmaBuf, OffloadError> {
+        let covers =
+            |&(a, l, _): &(u64, usize, Exported)| addr >= a && addr + len as u64 <= a + l as u64;
+        if !self.exports.iter().any(covers) {
+            let e = dmabuf::export(addr, len)
+                .map_err(|e| OffloadError(format!("exporting a dma-buf of device memory: {e}")))?;
+            self.exports.push((addr, len, e));
+        }
+        match self.exports.iter().find(|x| covers(x)) {
+            Some((a, _, e)) => {
+                let d = e.dmabuf();
+                Ok(DmaBuf {
+                    fd: d.fd,
+                    offset: d.offset + (addr - a),
+                })
+            }
+            None => Err(OffloadError("a dma-buf export vanished".into())),
+        }
     }
 
     /// The device, for work outside collectives (fills, `#wrong` counts, timing events).
@@ -153,6 +203,7 @@ impl CudaOffload {
 
     fn pair(&mut self, bytes: usize, what: &str) -> Result<Pair, OffloadError> {
         self.sync()?;
+        self.exports.clear();
         let host = self.gpu.alloc_pinned(bytes).map_err(oe)?;
         let dev = self
             .gpu
@@ -171,10 +222,23 @@ impl Offload for CudaOffload {
         &self.all
     }
 
-    fn device_kind(&self) -> Option<busbw_transports::MemoryKind> {
+    fn device_kind(&self) -> Option<MemoryKind> {
         let device = self.gpu.info().index as i32;
-        self.direct
-            .then_some(busbw_transports::MemoryKind::Cuda { device })
+        self.direct.then_some(MemoryKind::Cuda { device })
+    }
+
+    fn device_region(&mut self, addr: u64, len: usize) -> Result<MemRegion, OffloadError> {
+        let device = self.gpu.info().index as i32;
+        // SAFETY: the engines pass ranges of mirrored device buffers or device staging, which
+        // stay allocated while the call's registrations are in use.
+        let r =
+            unsafe { MemRegion::new(addr as usize as *mut u8, len, MemoryKind::Cuda { device }) };
+        if !self.dmabuf {
+            return Ok(r);
+        }
+        let d = self.export_of(addr, len)?;
+        // SAFETY: the descriptor stays open in `exports` while the region is registered.
+        Ok(unsafe { r.with_dmabuf(d) })
     }
 
     fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
@@ -213,6 +277,7 @@ impl Offload for CudaOffload {
     fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
         if self.staging.as_ref().map_or(true, |s| s.len() < bytes) {
             self.sync()?;
+            self.exports.clear();
             self.staging = Some(self.gpu.alloc_pinned(bytes).map_err(oe)?);
             self.landing = Some(self.gpu.alloc(bytes).map_err(oe)?);
         }
