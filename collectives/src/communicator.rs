@@ -200,6 +200,11 @@ impl Communicator {
         std::mem::replace(&mut self.offload, offload)
     }
 
+    /// Whether an offload is attached (the host path skips looking at its mirrors).
+    pub(crate) fn has_offload(&self) -> bool {
+        self.offload.is_some()
+    }
+
     /// The attached offload, taken out for the length of a call, if it mirrors every range.
     pub(crate) fn take_offload(
         &mut self,

@@ -212,7 +212,8 @@ pub(crate) fn prepare<T>(
     let esize = std::mem::size_of::<T>();
     let e = err(comm.rank(), what);
     let with = |comm: &Communicator, stage: *mut T, kind| {
-        let mut all = regions.to_vec();
+        let mut all = Vec::with_capacity(regions.len() + 1);
+        all.extend_from_slice(regions);
         all.push((stage as *const T, stage_elems));
         Regs::with_kind(comm, &all, kind)
     };
@@ -229,7 +230,7 @@ pub(crate) fn prepare<T>(
         }
         dev_regions.push(d.device_region(stage, stage_elems * esize).map_err(&e)?);
         // A transport that cannot move device memory refuses the registration: stage.
-        if let Ok(regs) = Regs::register(comm, dev_regions) {
+        if let Ok(regs) = Regs::register(comm, dev_regions.into_iter()) {
             return Ok((stage as usize as *mut T, regs, true));
         }
     }

@@ -321,18 +321,20 @@ impl Regs {
         kind: MemoryKind,
     ) -> Result<Regs, CommError> {
         let esize = std::mem::size_of::<T>();
-        let regions: Vec<MemRegion> = regions
+        let regions = regions
             .iter()
             // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
             // the communicator's staging/scratch, which are not resized meanwhile).
-            .map(|&(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) })
-            .collect();
+            .map(|&(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) });
         Regs::register(comm, regions)
     }
 
     /// Registers prepared regions (device memory for the GPUDirect path, possibly carrying
     /// a dma-buf); on an error the regions registered so far are released.
-    pub fn register(comm: &Communicator, regions: Vec<MemRegion>) -> Result<Regs, CommError> {
+    pub fn register(
+        comm: &Communicator,
+        regions: impl ExactSizeIterator<Item = MemRegion>,
+    ) -> Result<Regs, CommError> {
         let mut regs = Vec::with_capacity(regions.len());
         for region in regions {
             match comm.transport().register(region) {
@@ -463,12 +465,17 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     name: &'static str,
 ) -> Result<(), CommError> {
     let esize = std::mem::size_of::<T>();
-    let ranges: Vec<(*const u8, usize)> = plan
-        .regions()
-        .iter()
-        .map(|&(p, e)| (p as *const u8, e * esize))
-        .collect();
-    let mut dev = comm.take_offload(&ranges);
+    // Host memory (the common case, and latency-bound at small sizes) allocates nothing here.
+    let mut dev = if comm.has_offload() {
+        let ranges: Vec<(*const u8, usize)> = plan
+            .regions()
+            .iter()
+            .map(|&(p, e)| (p as *const u8, e * esize))
+            .collect();
+        comm.take_offload(&ranges)
+    } else {
+        None
+    };
     let result = run_ring_on(comm, plan, ch, op, channel, name, dev.as_deref_mut());
     offload::finish(comm, dev, result, name)
 }
