@@ -144,6 +144,13 @@ pub trait Offload: Send {
         Ok(unsafe { MemRegion::new(addr as usize as *mut u8, len, kind) })
     }
 
+    /// The direct path failed (the transport refused the device ranges, or exporting them
+    /// did); `why` says how. A device stops offering its memory after this, so later calls
+    /// stage without trying again.
+    fn direct_refused(&mut self, why: String) {
+        let _ = why;
+    }
+
     /// Device memory of at least `bytes` for received segments that are reduced, when the
     /// transport moves device memory itself; valid until the next call asks for more.
     fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
@@ -222,16 +229,23 @@ pub(crate) fn prepare<T>(
         return Ok((stage, with(comm, stage, MemoryKind::Host)?, false));
     };
     if d.device_kind().is_some() {
-        let stage = d.device_staging(stage_elems * esize).map_err(&e)?;
-        let mut dev_regions = Vec::with_capacity(regions.len() + 1);
-        for &(p, elems) in regions {
-            let a = device_of(d.mirrors(), p as *const u8, elems * esize).map_err(&e)?;
-            dev_regions.push(d.device_region(a, elems * esize).map_err(&e)?);
-        }
-        dev_regions.push(d.device_region(stage, stage_elems * esize).map_err(&e)?);
+        let attempt = (|| {
+            let stage = d.device_staging(stage_elems * esize)?;
+            let mut dev_regions = Vec::with_capacity(regions.len() + 1);
+            for &(p, elems) in regions {
+                let a = device_of(d.mirrors(), p as *const u8, elems * esize)?;
+                dev_regions.push(d.device_region(a, elems * esize)?);
+            }
+            dev_regions.push(d.device_region(stage, stage_elems * esize)?);
+            Ok::<_, OffloadError>((stage, dev_regions))
+        })();
         // A transport that cannot move device memory refuses the registration: stage.
-        if let Ok(regs) = Regs::register(comm, dev_regions.into_iter()) {
-            return Ok((stage as usize as *mut T, regs, true));
+        match attempt {
+            Ok((stage, dev_regions)) => match Regs::register(comm, dev_regions.into_iter()) {
+                Ok(regs) => return Ok((stage as usize as *mut T, regs, true)),
+                Err(refused) => d.direct_refused(refused.to_string()),
+            },
+            Err(failed) => d.direct_refused(failed.to_string()),
         }
     }
     let stage = d.staging(stage_elems * esize).map_err(&e)? as *mut T;

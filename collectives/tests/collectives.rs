@@ -424,6 +424,13 @@ proptest! {
             } else {
                 prop_assert!(copies > 0, "{:?}: staged through the twins", case);
             }
+            // A refused direct path is given up once per rank, then not tried again.
+            let refusals: Vec<u64> = res.iter().map(|r| r.1.refusals).collect();
+            if direct && !nic_takes_device_memory {
+                prop_assert!(refusals.iter().all(|&k| k == 1), "{:?}: refusals {:?}", case, refusals);
+            } else {
+                prop_assert!(refusals.iter().all(|&k| k == 0), "{:?}: refusals {:?}", case, refusals);
+            }
         }
         if case.kind.drives_device() && case.kind.reduces() && case.n > 1 && case.count > 0 {
             prop_assert!(reduces > 0, "{case:?}: no reduction ran on the device");

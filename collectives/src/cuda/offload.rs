@@ -60,6 +60,8 @@ pub struct CudaOffload {
     /// dma-bufs exported so far: `(device address, length, export)`. Dropped whenever a
     /// buffer they might cover is freed.
     exports: Vec<(u64, usize, Exported)>,
+    /// Why the direct path was given up, until the owner takes it to report it.
+    refused: Option<String>,
 }
 
 impl CudaOffload {
@@ -79,7 +81,13 @@ impl CudaOffload {
             direct: false,
             dmabuf: false,
             exports: Vec::new(),
+            refused: None,
         }
+    }
+
+    /// Why the direct path was given up since the last call, if it was: the owner reports it.
+    pub fn take_refusal(&mut self) -> Option<String> {
+        self.refused.take()
     }
 
     /// Offer device memory to transports that can register it when GPUDirect RDMA is the
@@ -225,6 +233,12 @@ impl Offload for CudaOffload {
     fn device_kind(&self) -> Option<MemoryKind> {
         let device = self.gpu.info().index as i32;
         self.direct.then_some(MemoryKind::Cuda { device })
+    }
+
+    fn direct_refused(&mut self, why: String) {
+        self.direct = false;
+        self.dmabuf = false;
+        self.refused.get_or_insert(why);
     }
 
     fn device_region(&mut self, addr: u64, len: usize) -> Result<MemRegion, OffloadError> {

@@ -22,6 +22,8 @@ pub struct Counts {
     pub reduces: u64,
     pub copies: u64,
     pub premultiplies: u64,
+    /// Times the direct path was given up.
+    pub refusals: u64,
 }
 
 /// Addresses are plain `usize` so that jobs cross to the worker thread.
@@ -146,6 +148,8 @@ pub struct SimDevice {
     direct: bool,
     device_staging: Option<u64>,
     device_staging_len: usize,
+    /// Why the direct path was given up, in order.
+    refusals: Vec<String>,
     scratch: Pair,
     premul: Pair,
     counts: Counts,
@@ -188,6 +192,7 @@ impl SimDevice {
             direct: false,
             device_staging: None,
             device_staging_len: 0,
+            refusals: Vec::new(),
             scratch: Pair::new(),
             premul: Pair::new(),
             counts: Counts::default(),
@@ -258,6 +263,11 @@ impl SimDevice {
         self.counts
     }
 
+    /// Why the direct path was given up, if it was.
+    pub fn refusals(&self) -> &[String] {
+        &self.refusals
+    }
+
     fn remirror(&mut self) {
         let mut all = self.user.clone();
         for p in [&mut self.scratch, &mut self.premul] {
@@ -308,6 +318,12 @@ impl Offload for SimDevice {
     fn device_kind(&self) -> Option<busbw_transports::MemoryKind> {
         self.direct
             .then_some(busbw_transports::MemoryKind::Cuda { device: 0 })
+    }
+
+    fn direct_refused(&mut self, why: String) {
+        self.direct = false;
+        self.counts.refusals += 1;
+        self.refusals.push(why);
     }
 
     fn device_staging(&mut self, bytes: usize) -> Result<u64, OffloadError> {
