@@ -522,9 +522,9 @@ mod imp {
             if corrupt && !checked.is_empty() {
                 let at = checked.start;
                 let mut b = [0u8];
-                gpu.download(&mut b, &self.recv, at, 1)?;
+                gpu.download(&mut b, &self.recv, at)?;
                 b[0] ^= 0x01;
-                gpu.upload(&mut self.recv, at, &b, 1)?;
+                gpu.upload(&mut self.recv, at, &b)?;
             }
             let elen = checked.len();
             let Some(de) = &self.expected else {

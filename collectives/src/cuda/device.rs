@@ -57,12 +57,11 @@ pub struct GpuInfo {
     pub total_mem: usize,
 }
 
-/// One rank's device: context, a compute stream, a copy stream for staging, and the kernel
+/// One rank's device: context, the stream all its work goes on, and the kernel
 /// modules compiled so far (one per element type, on first use).
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    copy: Arc<CudaStream>,
     info: GpuInfo,
     modules: HashMap<DataType, Arc<CudaModule>>,
     wrong: CudaSlice<u64>,
@@ -117,9 +116,6 @@ pub struct Pinned {
 }
 
 impl Pinned {
-    pub fn as_slice(&self) -> Result<&[u8], CudaError> {
-        drv("reading pinned memory", self.mem.as_slice())
-    }
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8], CudaError> {
         drv("writing pinned memory", self.mem.as_mut_slice())
     }
@@ -157,7 +153,7 @@ impl Gpu {
     pub fn open(index: usize) -> Result<Gpu, CudaError> {
         probe()?;
         let ctx = drv(format!("opening device {index}"), CudaContext::new(index))?;
-        // One stream per purpose and explicit synchronisation: cudarc's per-launch event
+        // One stream and explicit synchronisation: cudarc's per-launch event
         // tracking would add an event record to every timed kernel.
         // SAFETY: called before any allocation or launch on this context.
         unsafe { ctx.disable_event_tracking() };
@@ -179,12 +175,10 @@ impl Gpu {
             total_mem: drv("reading the memory size", ctx.total_mem())?,
         };
         let stream = drv("creating a stream", ctx.new_stream())?;
-        let copy = drv("creating the copy stream", ctx.new_stream())?;
         let wrong = drv("allocating the wrong counter", stream.alloc_zeros::<u64>(1))?;
         Ok(Gpu {
             ctx,
             stream,
-            copy,
             info,
             modules: HashMap::new(),
             wrong,
@@ -241,8 +235,7 @@ impl Gpu {
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        drv("waiting for the device", self.stream.synchronize())?;
-        drv("waiting for the copy stream", self.copy.synchronize())
+        drv("waiting for the device", self.stream.synchronize())
     }
 
     fn function(
@@ -380,7 +373,7 @@ impl Gpu {
         Ok(v.first().copied().unwrap_or(0))
     }
 
-    /// `dst[doff..] = a[aoff..] op b[boff..]` for `count` elements, on the device.
+    /// `dst = a op b` for `count` elements, on the device (`gpu-bench`'s reduction).
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &mut self,
@@ -395,40 +388,13 @@ impl Gpu {
         dst.check(0, bytes)?;
         a.check(0, bytes)?;
         b.check(0, bytes)?;
-        let f = self.function(Kernel::Reduce, d, op)?;
-        let cfg = self.cfg(count);
-        let c = count as u64;
-        let mut l = self.stream.launch_builder(&f);
-        l.arg(&mut *dst.mem).arg(&*a.mem).arg(&*b.mem).arg(&c);
-        // SAFETY: `count` elements of each buffer, checked above.
-        drv("launching reduce", unsafe { l.launch(cfg) }).map(|_| ())
-    }
-
-    /// `dst = dst op src` in place: the reduction the ring applies to a received chunk.
-    pub fn reduce_inplace(
-        &mut self,
-        dst: &mut DeviceBuffer,
-        src: &DeviceBuffer,
-        count: usize,
-        d: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CudaError> {
-        let bytes = count * d.size();
-        dst.check(0, bytes)?;
-        src.check(0, bytes)?;
-        let f = self.function(Kernel::Reduce, d, op)?;
-        let cfg = self.cfg(count);
-        let c = count as u64;
-        let ptr = {
-            use cudarc::driver::DevicePtr;
-            let (p, _sync) = dst.mem.device_ptr(&self.stream);
-            p
-        };
-        let mut l = self.stream.launch_builder(&f);
-        l.arg(&ptr).arg(&ptr).arg(&*src.mem).arg(&c);
-        // SAFETY: dst is both output and first operand (the kernel reads a[i] before it
-        // writes dst[i], same index); sizes checked above.
-        drv("launching reduce in place", unsafe { l.launch(cfg) }).map(|_| ())
+        let (pd, pa, pb) = (
+            self.address(dst, 0)?,
+            self.address(a, 0)?,
+            self.address(b, 0)?,
+        );
+        // SAFETY: `count` elements of each buffer, checked above; dst is its own buffer.
+        unsafe { self.reduce_at(pd, pa, pb, count, d, op) }
     }
 
     /// The device address of `buf[offset..]`, for [`super::offload::CudaOffload`]'s mirrors.
@@ -457,6 +423,28 @@ impl Gpu {
         drv("recording an event", e.record(&self.stream))
     }
 
+    /// Launches kernel `k` over `count` elements with `args` (device addresses and
+    /// integers, each passed as 64 bits, as the kernels declare them; kernels.rs lists them).
+    ///
+    /// # Safety
+    /// Every address in `args` is valid device memory for what the kernel touches.
+    unsafe fn launch_at(
+        &mut self,
+        k: Kernel,
+        d: DataType,
+        op: ReduceOp,
+        count: usize,
+        args: &[u64],
+    ) -> Result<(), CudaError> {
+        let f = self.function(k, d, op)?;
+        let cfg = self.cfg(count);
+        let mut l = self.stream.launch_builder(&f);
+        for a in args {
+            l.arg(a);
+        }
+        drv(format!("launching {k:?}"), l.launch(cfg)).map(|_| ())
+    }
+
     /// `dst = a op b` over `count` elements at raw device addresses.
     ///
     /// # Safety
@@ -472,12 +460,7 @@ impl Gpu {
         d: DataType,
         op: ReduceOp,
     ) -> Result<(), CudaError> {
-        let f = self.function(Kernel::Reduce, d, op)?;
-        let cfg = self.cfg(count);
-        let c = count as u64;
-        let mut l = self.stream.launch_builder(&f);
-        l.arg(&dst).arg(&a).arg(&b).arg(&c);
-        drv("launching reduce", l.launch(cfg)).map(|_| ())
+        self.launch_at(Kernel::Reduce, d, op, count, &[dst, a, b, count as u64])
     }
 
     /// `avg`'s division of `count` elements at `dst` by `n`.
@@ -491,12 +474,8 @@ impl Gpu {
         n: usize,
         d: DataType,
     ) -> Result<(), CudaError> {
-        let f = self.function(Kernel::FinishAvg, d, ReduceOp::Avg)?;
-        let cfg = self.cfg(count);
-        let (c, n) = (count as u64, n as u64);
-        let mut l = self.stream.launch_builder(&f);
-        l.arg(&dst).arg(&c).arg(&n);
-        drv("launching finish_avg", l.launch(cfg)).map(|_| ())
+        let args = [dst, count as u64, n as u64];
+        self.launch_at(Kernel::FinishAvg, d, ReduceOp::Avg, count, &args)
     }
 
     /// `mulsum`'s `dst = src × scalar(rank)`.
@@ -511,12 +490,8 @@ impl Gpu {
         rank: usize,
         d: DataType,
     ) -> Result<(), CudaError> {
-        let f = self.function(Kernel::Premultiply, d, ReduceOp::MulSum)?;
-        let cfg = self.cfg(count);
-        let (c, r) = (count as u64, rank as u64);
-        let mut l = self.stream.launch_builder(&f);
-        l.arg(&dst).arg(&src).arg(&c).arg(&r);
-        drv("launching premultiply", l.launch(cfg)).map(|_| ())
+        let args = [dst, src, count as u64, rank as u64];
+        self.launch_at(Kernel::Premultiply, d, ReduceOp::MulSum, count, &args)
     }
 
     /// Device-to-device copy of `len` bytes on the compute stream (the bandwidth reference
@@ -543,24 +518,20 @@ impl Gpu {
         drv("zeroing device memory", self.stream.memset_zeros(&mut v))
     }
 
-    /// Host to device, `len` bytes from `src[..len]` to `dst[offset..]`, in `chunk`-byte
-    /// pieces alternating between the compute and copy streams so consecutive pieces overlap
-    /// on the two copy engines. Returns when all have landed.
+    /// Host to device, `src` to `dst[offset..]`, waiting until it has landed (the
+    /// `-c` corruption check's single byte; collectives copy through the offload).
     pub fn upload(
         &self,
         dst: &mut DeviceBuffer,
         offset: usize,
         src: &[u8],
-        chunk: usize,
     ) -> Result<(), CudaError> {
         dst.check(offset, src.len())?;
-        let chunk = chunk.max(1);
-        for (k, piece) in src.chunks(chunk).enumerate() {
-            let at = offset + k * chunk;
-            let s = if k % 2 == 0 { &self.stream } else { &self.copy };
-            let mut d = dst.mem.slice_mut(at..at + piece.len());
-            drv("copying host to device", s.memcpy_htod(piece, &mut d))?;
-        }
+        let mut d = dst.mem.slice_mut(offset..offset + src.len());
+        drv(
+            "copying host to device",
+            self.stream.memcpy_htod(src, &mut d),
+        )?;
         self.synchronize()
     }
 
@@ -570,16 +541,10 @@ impl Gpu {
         dst: &mut [u8],
         src: &DeviceBuffer,
         offset: usize,
-        chunk: usize,
     ) -> Result<(), CudaError> {
         src.check(offset, dst.len())?;
-        let chunk = chunk.max(1);
-        for (k, piece) in dst.chunks_mut(chunk).enumerate() {
-            let at = offset + k * chunk;
-            let s = if k % 2 == 0 { &self.stream } else { &self.copy };
-            let v = src.mem.slice(at..at + piece.len());
-            drv("copying device to host", s.memcpy_dtoh(&v, piece))?;
-        }
+        let v = src.mem.slice(offset..offset + dst.len());
+        drv("copying device to host", self.stream.memcpy_dtoh(&v, dst))?;
         self.synchronize()
     }
 }

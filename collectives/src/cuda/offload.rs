@@ -46,6 +46,9 @@ pub struct CudaOffload {
     staging: Option<Pinned>,
     /// Device twin of `staging`: a staged segment is copied to the same offset here.
     landing: Option<DeviceBuffer>,
+    /// `staging` → `landing`, read once at allocation: the reductions look it up per
+    /// segment, and reading a pinned slice's pointer is a driver call.
+    stage: Option<Mirror>,
     scratch: Option<Pair>,
     premul: Option<Pair>,
     /// Events recorded and not yet seen complete, with their tickets, oldest first.
@@ -72,6 +75,7 @@ impl CudaOffload {
             all: Vec::new(),
             staging: None,
             landing: None,
+            stage: None,
             scratch: None,
             premul: None,
             pending: VecDeque::new(),
@@ -161,18 +165,15 @@ impl CudaOffload {
     }
 
     /// Device address in the landing area of staged host `p`.
-    fn landed(&mut self, p: *const u8, len: usize) -> Result<u64, OffloadError> {
-        let (Some(st), Some(land)) = (self.staging.as_mut(), self.landing.as_ref()) else {
+    fn landed(&self, p: *const u8, len: usize) -> Result<u64, OffloadError> {
+        let Some(m) = self.stage else {
             return Err(OffloadError("no staging memory was set up".into()));
         };
-        let base = st.as_mut_slice().map_err(oe)?.as_ptr() as usize;
-        let at = (p as usize).wrapping_sub(base);
-        if (p as usize) < base || at + len > st.len() {
-            return Err(OffloadError(format!(
+        m.device_of(p, len).ok_or_else(|| {
+            OffloadError(format!(
                 "{len} bytes at {p:p} are not in the offload's staging memory"
-            )));
-        }
-        self.gpu.address(land, at).map_err(oe)
+            ))
+        })
     }
 
     /// Ends an issued batch of work with an event: its ticket.
@@ -259,8 +260,8 @@ impl Offload for CudaOffload {
         // The landing area is device memory of the staging size: in the direct path,
         // received segments land there straight from the NIC.
         self.staging(bytes)?;
-        match self.landing.as_ref() {
-            Some(l) => self.gpu.address(l, 0).map_err(oe),
+        match self.stage {
+            Some(m) => Ok(m.device),
             None => Err(OffloadError("no device staging memory".into())),
         }
     }
@@ -289,16 +290,22 @@ impl Offload for CudaOffload {
     }
 
     fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        if self.staging.as_ref().map_or(true, |s| s.len() < bytes) {
-            self.sync()?;
-            self.exports.clear();
-            self.staging = Some(self.gpu.alloc_pinned(bytes).map_err(oe)?);
-            self.landing = Some(self.gpu.alloc(bytes).map_err(oe)?);
+        match self.stage {
+            Some(m) if m.len >= bytes => return Ok(m.host),
+            _ => {}
         }
-        match self.staging.as_mut() {
-            Some(s) => Ok(s.as_mut_slice().map_err(oe)?.as_mut_ptr()),
-            None => Err(OffloadError("no staging memory".into())),
-        }
+        self.sync()?;
+        self.exports.clear();
+        self.stage = None;
+        let mut host = self.gpu.alloc_pinned(bytes).map_err(oe)?;
+        let land = self.gpu.alloc(bytes).map_err(oe)?;
+        let m = Mirror {
+            host: host.as_mut_slice().map_err(oe)?.as_mut_ptr(),
+            device: self.gpu.address(&land, 0).map_err(oe)?,
+            len: bytes,
+        };
+        (self.staging, self.landing, self.stage) = (Some(host), Some(land), Some(m));
+        Ok(m.host)
     }
 
     fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
