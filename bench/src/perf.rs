@@ -244,6 +244,16 @@ pub fn classify(e: &anyhow::Error) -> i32 {
 /// How long timed-out ranks wait for each other's reports before naming the silent ones.
 const DIAGNOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(1500);
 
+/// "peer rank P is on HOST" for an error about peer P, if the error names one.
+fn peer_host(session: &Session, e: &anyhow::Error) -> Option<String> {
+    let peer = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<CommError>())
+        .and_then(CommError::peer)?;
+    let host = session.hosts.get(peer)?;
+    Some(format!("peer rank {peer} is on {host}"))
+}
+
 /// After a timeout, find the ranks that actually stopped. Every rank that timed out reports
 /// the peer it waited for; a rank that is waited on but reports nothing itself is dead or hung
 /// (a node that vanished, a SIGSTOPped process): that is the culprit, however long the chain of
@@ -393,6 +403,11 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                     }
                 }
             }
+            // The failed peer's host: an operator looks for a node, not a rank number.
+            let peer_host = peer_host(&session, &e);
+            if let Some(p) = &peer_host {
+                msg = format!("{msg}\n  {p}");
+            }
             if !echo && !diagnosed && code != exit::INTERNAL {
                 if let Some(reason) = root_cause(&session, &e) {
                     msg = format!("{msg}\n  root cause reported by the job: {reason}");
@@ -406,7 +421,8 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                         let _ = r.post_abort(&reason);
                     }
                 } else if !session.abort.is_raised() {
-                    let _ = r.post_abort(&format!("rank {rank} on {host} failed: {e:#}"));
+                    let peer = peer_host.map(|p| format!(" ({p})")).unwrap_or_default();
+                    let _ = r.post_abort(&format!("rank {rank} on {host} failed: {e:#}{peer}"));
                 }
                 // Rank 0 serves the store: linger (bounded) so the others hear of the abort
                 // before it disappears.

@@ -25,6 +25,8 @@ pub struct Session {
     pub devices: Vec<DeviceInfo>,
     /// `--transport` as given (`auto`, `tcp`, `shm`), or `inproc` for a one-rank job.
     pub transport_name: String,
+    /// Every rank's host name, on every rank: an error about a peer names its host.
+    pub hosts: Vec<String>,
 }
 
 fn device_info(
@@ -169,6 +171,7 @@ impl Session {
             abort,
             devices,
             transport_name: "inproc".into(),
+            hosts: vec![world.hostname.clone()],
         })
     }
 
@@ -176,12 +179,13 @@ impl Session {
     /// if anything here fails.
     pub fn join(world: World, rdv: Rendezvous, plan: &Plan, opts: &JoinOptions) -> Result<Session> {
         match Self::join_inner(&world, &rdv, plan, opts) {
-            Ok((comm, devices, abort)) => Ok(Session {
+            Ok((comm, devices, abort, hosts)) => Ok(Session {
                 comm,
                 rdv: Some(rdv),
                 abort,
                 devices,
                 transport_name: plan.transport.clone(),
+                hosts,
             }),
             Err(e) => {
                 let _ = rdv.post_abort(&format!(
@@ -198,7 +202,7 @@ impl Session {
         rdv: &Rendezvous,
         plan: &Plan,
         opts: &JoinOptions,
-    ) -> Result<(Communicator, Vec<DeviceInfo>, Abort)> {
+    ) -> Result<(Communicator, Vec<DeviceInfo>, Abort, Vec<String>)> {
         let store = &rdv.store;
         let (rank, size, timeout) = (world.rank, world.size, plan.timeout);
         // Every rank's value of `prefix`, one packed blob per rank (see `all_gather`).
@@ -303,10 +307,12 @@ impl Session {
         let route_names = gather("route", route.as_bytes())?;
         let mut devices = Vec::new();
         let mut node_ids = Vec::new();
+        let mut hosts = Vec::new();
         for (r, raw) in infos.iter().enumerate() {
             let text = String::from_utf8_lossy(raw);
             let mut f = text.split('\t');
             let host = f.next().unwrap_or("?").to_string();
+            hosts.push(host.clone());
             let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             node_ids.push(f.next().unwrap_or(&host).to_string());
@@ -345,7 +351,7 @@ impl Session {
         )?;
         comm.set_nodes(nodes)?;
         comm.connect_ring()?;
-        Ok((comm, devices, abort))
+        Ok((comm, devices, abort, hosts))
     }
 
     /// Puts every rank's GPU into the `Using devices` lines (rank 0's copy): a rendezvous

@@ -25,6 +25,8 @@ pub struct Factory {
     timeout: Duration,
     abort: Abort,
     rank: usize,
+    local_rank: usize,
+    ib_hca: Option<String>,
 }
 
 /// FNV-1a: a stable 64-bit digest of a group's name.
@@ -58,18 +60,27 @@ impl Factory {
             timeout,
             abort,
             rank: world.rank,
+            local_rank: world.local_rank,
+            ib_hca: opts.ib_hca.clone(),
         })
     }
 
+    /// The group's transports, chosen as the job's were (the same `--transport`, the same
+    /// RDMA port), but instances of their own: a group's queue pairs, slots and memory
+    /// registrations live and die with its communicator and are never seen by another group.
     fn transport(&self, identity: Identity) -> Result<Box<dyn Transport>> {
-        // Groups have no RDMA member of their own yet: `verbs` runs them as `auto` does
-        // without one (shared memory, then TCP).
-        let kind = match self.transport.as_str() {
-            "verbs" => "auto",
-            k => k,
-        };
+        let verbs = crate::verbs::for_rank(
+            &self.transport,
+            self.ib_hca.as_deref(),
+            self.local_rank,
+            self.timeout,
+            identity,
+            self.tcp.bind,
+            self.tcp.advertise,
+        )?
+        .map(|(member, _)| member);
         Ok(
-            match multi_transport(kind, identity, self.tcp, &self.node, None)? {
+            match multi_transport(&self.transport, identity, self.tcp, &self.node, verbs)? {
                 Some(m) => Box::new(m),
                 None => tcp_transport(identity, self.tcp),
             },

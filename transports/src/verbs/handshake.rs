@@ -14,8 +14,8 @@
 use std::net::SocketAddr;
 
 const MAGIC: &[u8; 4] = b"BBWV";
-/// Bumped whenever a layout below changes.
-pub const VERSION: u16 = 1;
+/// Bumped whenever a layout below changes (2: the handle carries the job-token challenge).
+pub const VERSION: u16 = 2;
 /// Most queue pairs per connection (NCCL allows 128).
 pub const MAX_QPS: usize = 128;
 
@@ -44,6 +44,9 @@ pub struct ListenInfo {
     pub port: PortAddr,
     /// The listener's `NCCL_IB_QPS_PER_CONNECTION`; connections use the larger of both sides.
     pub qps: u8,
+    /// The listener's job-token challenge: a connector proves the token over it and its hello
+    /// (the proof follows the hello frame), as tcp and shm connectors do.
+    pub challenge: [u8; crate::auth::NONCE_LEN],
 }
 
 /// Connector → acceptor.
@@ -206,7 +209,8 @@ impl ListenInfo {
             .bytes(self.bootstrap.to_string().as_bytes())
             .bytes(self.device.as_bytes())
             .port(&self.port)
-            .u8(self.qps);
+            .u8(self.qps)
+            .bytes(&self.challenge);
         w.0
     }
     pub fn decode(b: &[u8]) -> Result<ListenInfo, String> {
@@ -222,6 +226,9 @@ impl ListenInfo {
         if qps == 0 || qps as usize > MAX_QPS {
             return Err(format!("verbs handle: {qps} queue pairs per connection"));
         }
+        let challenge = r.bytes()?.try_into().map_err(|_| {
+            "verbs handle: the job-token challenge has the wrong length".to_string()
+        })?;
         r.end()?;
         Ok(ListenInfo {
             rank,
@@ -229,6 +236,7 @@ impl ListenInfo {
             device,
             port,
             qps,
+            challenge,
         })
     }
 }
@@ -326,6 +334,7 @@ mod tests {
             device: "mlx5_3:1".into(),
             port: port(),
             qps: 2,
+            challenge: [5; crate::auth::NONCE_LEN],
         };
         assert_eq!(ListenInfo::decode(&h.encode()).unwrap(), h);
         let hello = Hello {
@@ -360,6 +369,7 @@ mod tests {
             device: "rxe0:1".into(),
             port: port(),
             qps: 1,
+            challenge: [6; crate::auth::NONCE_LEN],
         }
         .encode();
         let cases: Vec<(Vec<u8>, &str)> = vec![

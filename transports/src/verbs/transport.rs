@@ -173,17 +173,20 @@ impl Transport for VerbsTransport {
             local.ip()
         };
         listener.set_nonblocking(true)?;
+        let gate = crate::auth::DataGate::new(self.identity.job);
         let info = ListenInfo {
             rank: self.identity.rank,
             bootstrap: SocketAddr::new(ip, local.port()),
             device: format!("{}:{}", self.choice.device, self.choice.port),
             port: self.dev.addr,
             qps: self.cfg.qps,
+            challenge: *gate.challenge(),
         };
         Ok((
             Handle(info.encode()),
             Box::new(VerbsListener {
                 listener,
+                gate,
                 owner: self.clone_parts(),
             }),
         ))
@@ -218,8 +221,13 @@ impl Transport for VerbsTransport {
         let io_err = |error| TransportError::PeerIo { peer, error };
         stream.set_nodelay(true).map_err(io_err)?;
         stream.set_write_timeout(Some(HELLO_WAIT)).map_err(io_err)?;
+        // The hello, then the proof of the job token over the listener's challenge and this
+        // very hello (a fresh nonce each time: the listener refuses replays).
+        let hello = hello.encode();
+        let key = crate::auth::data_key(self.identity.job);
+        let tail = crate::auth::data_tail(&key, &info.challenge, &hello);
         stream
-            .write_all(&handshake::frame(&hello.encode()))
+            .write_all(&[handshake::frame(&hello), tail.to_vec()].concat())
             .map_err(io_err)?;
         stream.set_nonblocking(true).map_err(io_err)?;
         let mut cfg = self.proto_config();
@@ -271,6 +279,8 @@ impl VerbsTransport {
 
 struct VerbsListener {
     listener: TcpListener,
+    /// The job-token check every bootstrap connection passes before its hello is believed.
+    gate: crate::auth::DataGate,
     owner: Parts,
 }
 
@@ -289,6 +299,9 @@ impl VerbsListener {
                 h.rank
             ));
         }
+        self.gate
+            .read_and_check(&mut *stream, &b)
+            .map_err(|why| format!("claims to be rank {}: {why}", h.rank))?;
         if h.fifo_depth as usize != self.owner.cfg.depth {
             return Err(format!(
                 "rank {} uses {} messages in flight where {} is used here",
@@ -346,6 +359,7 @@ impl VerbsListener {
             fifo_rkey: h.fifo_rkey,
             proto: RecvProto::new(peer, cfg),
             boot: Some((stream, Instant::now())),
+            alive: None,
             stall: o.cfg.stall_timeout,
         }))
     }
@@ -397,7 +411,7 @@ enum Boot {
         since: Instant,
     },
     Ready {
-        _stream: TcpStream,
+        alive: Liveness,
     },
 }
 
@@ -476,7 +490,13 @@ impl VerbsSendComm {
             .map_err(|error| TransportError::PeerIo { peer, error })?;
         s.write_all(&[READY])
             .map_err(|error| TransportError::PeerIo { peer, error })?;
-        self.boot = Boot::Ready { _stream: s };
+        drop(s);
+        let watch = stream
+            .try_clone()
+            .map_err(|error| TransportError::PeerIo { peer, error })?;
+        self.boot = Boot::Ready {
+            alive: Liveness::new(watch),
+        };
         Ok(true)
     }
 
@@ -560,11 +580,80 @@ impl SendComm for VerbsSendComm {
 
     fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
         self.progress()?;
-        self.proto.take(request)
+        let done = self.proto.take(request)?;
+        let gone = match &mut self.boot {
+            Boot::Ready { alive } if done.is_none() => alive.gone(),
+            _ => false,
+        };
+        if gone {
+            // Whatever the peer did before it went completed before its socket closed.
+            self.progress()?;
+            return match self.proto.take(request)? {
+                Some(n) => Ok(Some(n)),
+                None => Err(Liveness::error(self.peer)),
+            };
+        }
+        Ok(done)
     }
 
     fn peer(&self) -> u32 {
         self.peer
+    }
+}
+
+/// The bootstrap socket, kept open for the connection's life as a watch on the peer: when its
+/// process dies (or its host closes the socket), the kernel closes the socket at once, while
+/// a message the peer was to send simply never comes (no completion at all on our side for a
+/// receive, and a retry timeout of up to a minute for a send). Checked only while a request
+/// is outstanding, at most every 50 ms.
+struct Liveness {
+    stream: TcpStream,
+    last: Instant,
+}
+
+impl Liveness {
+    const EVERY: Duration = Duration::from_millis(50);
+
+    fn new(stream: TcpStream) -> Liveness {
+        Liveness {
+            stream,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whether the peer's end of the socket is closed (end of stream or reset).
+    fn gone(&mut self) -> bool {
+        if self.last.elapsed() < Self::EVERY {
+            return false;
+        }
+        self.last = Instant::now();
+        let mut b = [0u8; 1];
+        // SAFETY: a one-byte peek into a local buffer on a socket we own.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => true,
+            n if n > 0 => false,
+            _ => matches!(
+                io::Error::last_os_error().raw_os_error(),
+                Some(libc::ECONNRESET) | Some(libc::EPIPE) | Some(libc::ENOTCONN)
+            ),
+        }
+    }
+
+    fn error(peer: u32) -> TransportError {
+        TransportError::Rdma {
+            peer,
+            msg: "its process ended or its host closed the connection (the verbs bootstrap \
+                  socket closed) while a message to or from it was outstanding"
+                .into(),
+        }
     }
 }
 
@@ -581,6 +670,8 @@ struct VerbsRecvComm {
     proto: RecvProto,
     /// The bootstrap socket until the connector's "ready" byte arrives.
     boot: Option<(TcpStream, Instant)>,
+    /// Then the same socket, watching the peer.
+    alive: Option<Liveness>,
     stall: Duration,
 }
 
@@ -623,7 +714,11 @@ impl VerbsRecvComm {
             let mut got = Vec::new();
             let open = read_some(stream, &mut got, self.peer)?;
             match got.first() {
-                Some(&READY) => self.boot = None,
+                Some(&READY) => {
+                    if let Some((stream, _)) = self.boot.take() {
+                        self.alive = Some(Liveness::new(stream));
+                    }
+                }
                 Some(b) => {
                     return Err(TransportError::Handshake(format!(
                         "rank {} sent {b:#x} instead of its ready byte",
@@ -677,7 +772,16 @@ impl RecvComm for VerbsRecvComm {
 
     fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
         self.progress()?;
-        self.proto.take(request)
+        let done = self.proto.take(request)?;
+        if done.is_none() && self.alive.as_mut().is_some_and(Liveness::gone) {
+            // The peer's last write completed here before its socket closed: look once more.
+            self.progress()?;
+            return match self.proto.take(request)? {
+                Some(n) => Ok(Some(n)),
+                None => Err(Liveness::error(self.peer)),
+            };
+        }
+        Ok(done)
     }
 
     fn peer(&self) -> u32 {

@@ -63,6 +63,10 @@ pub fn explain(status: u32, vendor_err: u32, first: bool) -> String {
             "the peer's queue pair rejected the operation (remote access flags, or it is in error)"
         }
         WR_FLUSH_ERR => "flushed after an earlier error on the same queue pair",
+        2 => {
+            "this host could not send: its RDMA port or link may be down, or the GID's address \
+             was removed (check `rdma link` and `ip link` here)"
+        }
         19 => "fatal device error: check `dmesg` and the NIC's firmware",
         _ => "see the NIC's documentation for the vendor syndrome",
     };
