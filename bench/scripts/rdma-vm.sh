@@ -17,8 +17,9 @@
 #       --accel A        tcg or kvm (default: $BUSBW_VM_ACCEL, else tcg)
 #
 # In every guest CMD runs as root in the host's root file system (shared read-only over
-# virtio-9p), so it runs the binaries built on the host, at their host paths. Writable there:
-# /tmp, /run, /dev/shm (tmpfs of the guest) and $VM_OUT, which is DIR/vm<i> on the host.
+# virtio-9p), so it runs the binaries built on the host, at their host paths (the host's /tmp
+# too, read-only). Writable there: $TMPDIR (/run/tmp), /run, /var/tmp, /dev/shm (tmpfs of the
+# guest) and $VM_OUT, which is DIR/vm<i> on the host.
 # Environment of CMD: VM_INDEX (i), VM_COUNT (K), VM_ADDR (10.77.0.<i+1>), VM_OUT, VM_DIR (DIR,
 # shared by all guests), VM_RDMA_DEV (rxe0). /etc/hosts maps vm<j> to 10.77.0.<j+1>.
 # Results: DIR/vm<i>/{stdout,stderr,rc,console.log}; the script prints one line per guest and
@@ -130,7 +131,6 @@ mount -t devtmpfs dev /host/dev
 mkdir -p /host/dev/shm /host/dev/pts
 mount -t tmpfs -o mode=1777 shm /host/dev/shm
 mount -t devpts devpts /host/dev/pts
-mount -t tmpfs -o mode=1777 tmp /host/tmp
 mount -t tmpfs -o mode=755 run /host/run
 mkdir -p /host/run/vm
 mount -t 9p -o $opts bed /host/run/vm || { echo "rdma-vm: cannot mount the run directory"; poweroff -f; }
@@ -190,8 +190,11 @@ for ((j = 0; j < COUNT; j++)); do
 done
 ulimit -l unlimited
 export VM_INDEX=$i VM_COUNT=$COUNT VM_ADDR=$NET.$((i + 1)) VM_OUT=$out VM_DIR=/run/vm VM_RDMA_DEV=rxe0
-export HOME=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-cd /tmp
+# The host's /tmp stays visible (a checkout or a test's files may live there), so scratch
+# space is elsewhere.
+mkdir -p /run/tmp
+export TMPDIR=/run/tmp HOME=/run/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+cd /run/tmp
 say "ready"
 bash -c "$(cat /run/vm/cmd)" >"$out/stdout" 2>"$out/stderr" </dev/null
 echo $? >"$out/rc"
