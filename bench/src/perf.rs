@@ -403,15 +403,15 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                     }
                 }
             }
-            // The failed peer's host: an operator looks for a node, not a rank number.
-            let peer_host = peer_host(&session, &e);
-            if let Some(p) = &peer_host {
-                msg = format!("{msg}\n  {p}");
-            }
             if !echo && !diagnosed && code != exit::INTERNAL {
                 if let Some(reason) = root_cause(&session, &e) {
                     msg = format!("{msg}\n  root cause reported by the job: {reason}");
                 }
+            }
+            // The failed peer's host: an operator looks for a node, not a rank number.
+            let peer_host = peer_host(&session, &e);
+            if let Some(p) = &peer_host {
+                msg = format!("{msg}\n  {p}");
             }
             eprintln!("busbw: rank {rank} on {host}: error: {msg}");
             if let Some(r) = &session.rdv {

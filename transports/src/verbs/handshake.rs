@@ -398,8 +398,10 @@ mod tests {
             ),
             (
                 {
+                    // The handle ends with the queue-pair count, then the challenge (a
+                    // 2-byte length and its bytes).
                     let mut v = h.clone();
-                    let n = v.len();
+                    let n = v.len() - 2 - crate::auth::NONCE_LEN;
                     v[n - 1] = 0;
                     v
                 },
@@ -408,11 +410,19 @@ mod tests {
             (
                 {
                     let mut v = h.clone();
-                    let n = v.len();
+                    let n = v.len() - 2 - crate::auth::NONCE_LEN;
                     v[n - 3] = 9;
                     v
                 },
                 "MTU code 9",
+            ),
+            (
+                {
+                    let mut v = h.clone();
+                    v.pop();
+                    v
+                },
+                "verbs handle",
             ),
         ];
         for (bytes, want) in cases {
