@@ -490,12 +490,9 @@ impl VerbsSendComm {
             .map_err(|error| TransportError::PeerIo { peer, error })?;
         s.write_all(&[READY])
             .map_err(|error| TransportError::PeerIo { peer, error })?;
-        drop(s);
-        let watch = stream
-            .try_clone()
-            .map_err(|error| TransportError::PeerIo { peer, error })?;
+        // The same socket then watches the peer (its peeks never block, whatever the mode).
         self.boot = Boot::Ready {
-            alive: Liveness::new(watch),
+            alive: Liveness::new(s),
         };
         Ok(true)
     }
@@ -615,6 +612,29 @@ impl Liveness {
     const EVERY: Duration = Duration::from_millis(50);
 
     fn new(stream: TcpStream) -> Liveness {
+        // A peer whose link went down sends no FIN: TCP keepalive probes an idle socket (2 s
+        // idle, 3 probes 1 s apart) and fails it with ETIMEDOUT, so a receiver that has nothing
+        // in flight toward the peer (hence no RETRY_EXC to come) still learns it in seconds.
+        let fd = stream.as_raw_fd();
+        for (level, name, value) in [
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        ] {
+            let v: libc::c_int = value;
+            // SAFETY: setsockopt on a socket we own with an int option; a failure only leaves
+            // the watch to the FIN of a dead process.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
         Liveness {
             stream,
             last: Instant::now(),
@@ -642,7 +662,11 @@ impl Liveness {
             n if n > 0 => false,
             _ => matches!(
                 io::Error::last_os_error().raw_os_error(),
-                Some(libc::ECONNRESET) | Some(libc::EPIPE) | Some(libc::ENOTCONN)
+                Some(libc::ECONNRESET)
+                    | Some(libc::EPIPE)
+                    | Some(libc::ENOTCONN)
+                    | Some(libc::ETIMEDOUT)
+                    | Some(libc::EHOSTUNREACH)
             ),
         }
     }
@@ -650,8 +674,9 @@ impl Liveness {
     fn error(peer: u32) -> TransportError {
         TransportError::Rdma {
             peer,
-            msg: "its process ended or its host closed the connection (the verbs bootstrap \
-                  socket closed) while a message to or from it was outstanding"
+            msg: "its process ended, its host closed the connection or its link went down (the \
+                  verbs bootstrap socket closed or stopped answering keepalives) while a message \
+                  to or from it was outstanding"
                 .into(),
         }
     }
