@@ -229,6 +229,7 @@ impl Session {
         let node = node_identity(&world.hostname);
         let verbs = crate::verbs::for_rank(
             &plan.transport,
+            plan.gpus > 0,
             opts.ib_hca.as_deref(),
             world.local_rank,
             timeout,

@@ -59,9 +59,13 @@ fn library_check() -> Result<(), String> {
 }
 
 /// The verbs member of a rank's transports for `--transport` `mode` (`auto`: when usable,
-/// `verbs`: required; otherwise none), with its device-line description.
+/// `verbs`: required; otherwise none), with its device-line description. `device_buffers`
+/// (`-g`): the eager path is turned off, since its ring is host memory and a receive into
+/// device memory cannot be served from it; every rank has the same flags, so all agree.
+#[allow(clippy::too_many_arguments)]
 pub fn for_rank(
     mode: &str,
+    device_buffers: bool,
     ib_hca: Option<&str>,
     local_rank: usize,
     timeout: Duration,
@@ -75,7 +79,10 @@ pub fn for_rank(
     if !(required || (mode == "auto" && verbs::BUILT && !disabled)) {
         return Ok(None);
     }
-    let cfg = config(ib_hca, local_rank, timeout).map_err(anyhow::Error::msg)?;
+    let mut cfg = config(ib_hca, local_rank, timeout).map_err(anyhow::Error::msg)?;
+    if device_buffers {
+        cfg.eager = 0;
+    }
     match verbs::open(identity, cfg, bind, advertise) {
         Ok((transport, desc)) => Ok(Some((
             busbw_transports::multi::Member {

@@ -488,6 +488,7 @@ fn guest_verbs_bootstrap_strangers() {
         fifo_addr: 0x1000,
         fifo_rkey: 1,
         fifo_depth: cfg.depth as u32,
+        eager: 0,
     }
     .encode();
     let send = |bytes: &[u8]| {
@@ -599,7 +600,7 @@ fn fault_job(name: &str, port: u16, cycles: u32, during: &str) -> String {
             "sh -c 'RANK=$((2 * VM_INDEX + {l})) WORLD_SIZE=6 LOCAL_RANK={l} LOCAL_WORLD_SIZE=2 \
              MASTER_ADDR=vm0 MASTER_PORT={port} NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 \
              {BUSBW} all_reduce_perf -b 64K -e 256K -f 2 -n 20 -w 1 -N {cycles} -T {FAULT_T} \
-             >\"$VM_OUT/{name}.{l}.out\" 2>\"$VM_OUT/{name}.{l}.err\"; \
+             --export-json \"$VM_OUT/{name}.{l}.json\" >\"$VM_OUT/{name}.{l}.out\" 2>\"$VM_OUT/{name}.{l}.err\"; \
              echo $? >\"$VM_OUT/{name}.{l}.rc\"; date +%s.%N >\"$VM_OUT/{name}.{l}.end\"' &\n\
              sub{l}=$!\n"
         );
@@ -628,6 +629,25 @@ fn barrier(name: &str) -> String {
          until [ $(ls \"$VM_DIR\" | grep -c '^{name}\\.done\\.') -ge $VM_COUNT ]; do \
          n=$((n + 1)); [ $n -lt 1500 ] || break; sleep 0.2; done\n"
     )
+}
+
+/// Rank 0's JSON report of fault job `name` (on vm0) survived the fault: marked incomplete,
+/// with the error (naming `names` when given) and, when the job had printed rows, those rows.
+fn reports_kept(vm0: &Guest, name: &str, rows: bool, names: &str) {
+    let text = vm0.file(&format!("{name}.0.json"));
+    let rec: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{name}: rank 0's report is not JSON ({e}):\n{text}"));
+    assert_eq!(rec["complete"], false, "{name}: {rec}");
+    let error = rec["summary"]["error"].as_str().unwrap_or_default();
+    assert!(
+        !error.is_empty() && error.contains(names),
+        "{name}: the report says why ({names}): {rec}"
+    );
+    let n = rec["rows"].as_array().map_or(0, Vec::len);
+    assert!(
+        !rows || n > 0,
+        "{name}: the rows before the fault are kept: {rec}"
+    );
 }
 
 fn secs(s: &str) -> Option<f64> {
@@ -694,6 +714,7 @@ fn faults_on_softroce() {
         assert!(err.contains("rank 3"), "rank {r} names rank 3\n{err}");
     }
     let errs = all_err("kill9");
+    reports_kept(&g[0], "kill9", true, "rank 3");
     assert!(
         errs.contains("IBV_WC_")
             || errs.contains("flush")
@@ -715,6 +736,7 @@ fn faults_on_softroce() {
         }
     }
     let errs = all_err("linkdown");
+    reports_kept(&g[0], "linkdown", true, "");
     assert!(
         errs.contains("IBV_WC_RETRY_EXC_ERR") && errs.contains("the peer stopped acknowledging"),
         "RETRY_EXC decoded\n{errs}"
@@ -732,6 +754,7 @@ fn faults_on_softroce() {
         );
     }
     let errs = all_err("gid");
+    reports_kept(&g[0], "gid", false, "");
     assert!(
         errs.contains("peer unreachable or wrong GID") && errs.contains("is on vm1"),
         "the message says unreachable peer or wrong GID, and whose\n{errs}"

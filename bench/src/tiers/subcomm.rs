@@ -69,8 +69,10 @@ impl Factory {
     /// RDMA port), but instances of their own: a group's queue pairs, slots and memory
     /// registrations live and die with its communicator and are never seen by another group.
     fn transport(&self, identity: Identity) -> Result<Box<dyn Transport>> {
+        // Tier groups run on host memory (tiers refuses -g).
         let verbs = crate::verbs::for_rank(
             &self.transport,
+            false,
             self.ib_hca.as_deref(),
             self.local_rank,
             self.timeout,

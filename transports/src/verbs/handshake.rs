@@ -14,8 +14,9 @@
 use std::net::SocketAddr;
 
 const MAGIC: &[u8; 4] = b"BBWV";
-/// Bumped whenever a layout below changes (2: the handle carries the job-token challenge).
-pub const VERSION: u16 = 2;
+/// Bumped whenever a layout below changes (2: the handle carries the job-token challenge; 3:
+/// the eager ring in hello and reply).
+pub const VERSION: u16 = 3;
 /// Most queue pairs per connection (NCCL allows 128).
 pub const MAX_QPS: usize = 128;
 
@@ -61,6 +62,8 @@ pub struct Hello {
     pub fifo_addr: u64,
     pub fifo_rkey: u32,
     pub fifo_depth: u32,
+    /// Largest payload the connector would send eagerly (0: never); the acceptor may lower it.
+    pub eager: u32,
 }
 
 /// Acceptor → connector.
@@ -68,6 +71,11 @@ pub struct Hello {
 pub struct Reply {
     pub port: PortAddr,
     pub qpns: Vec<u32>,
+    /// The acceptor's eager ring: `fifo_depth` slots of [`crate::verbs::proto::EAGER_HEADER`]
+    /// plus `eager` bytes; `eager` 0 means messages always wait for a ready-to-receive entry.
+    pub eager: u32,
+    pub eager_addr: u64,
+    pub eager_rkey: u32,
 }
 
 struct W(Vec<u8>);
@@ -251,7 +259,8 @@ impl Hello {
             .qpns(&self.qpns)
             .u64(self.fifo_addr)
             .u32(self.fifo_rkey)
-            .u32(self.fifo_depth);
+            .u32(self.fifo_depth)
+            .u32(self.eager);
         w.0
     }
     pub fn decode(b: &[u8]) -> Result<Hello, String> {
@@ -265,6 +274,7 @@ impl Hello {
             fifo_addr: r.u64()?,
             fifo_rkey: r.u32()?,
             fifo_depth: r.u32()?,
+            eager: r.u32()?,
         };
         if !h.fifo_depth.is_power_of_two() {
             return Err(format!(
@@ -280,7 +290,11 @@ impl Hello {
 impl Reply {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = W::new(KIND_REPLY);
-        w.port(&self.port).qpns(&self.qpns);
+        w.port(&self.port)
+            .qpns(&self.qpns)
+            .u32(self.eager)
+            .u64(self.eager_addr)
+            .u32(self.eager_rkey);
         w.0
     }
     pub fn decode(b: &[u8]) -> Result<Reply, String> {
@@ -288,6 +302,9 @@ impl Reply {
         let rep = Reply {
             port: r.port()?,
             qpns: r.qpns()?,
+            eager: r.u32()?,
+            eager_addr: r.u64()?,
+            eager_rkey: r.u32()?,
         };
         r.end()?;
         Ok(rep)
@@ -346,11 +363,15 @@ mod tests {
             fifo_addr: 0x7fff_0000_1000,
             fifo_rkey: 0xabcd,
             fifo_depth: 64,
+            eager: 4096,
         };
         assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
         let rep = Reply {
             port: port(),
             qpns: vec![9; 128],
+            eager: 1024,
+            eager_addr: 0x7fff_2000_0000,
+            eager_rkey: 0x77,
         };
         assert_eq!(Reply::decode(&rep.encode()).unwrap(), rep);
         assert_eq!(
@@ -438,6 +459,7 @@ mod tests {
             fifo_addr: 0,
             fifo_rkey: 0,
             fifo_depth: 48,
+            eager: 0,
         };
         assert!(Hello::decode(&hello.encode())
             .unwrap_err()

@@ -271,7 +271,8 @@ impl Device {
             cap: ffi::ibv_qp_cap {
                 max_send_wr: cap(send_wr),
                 max_recv_wr: cap(recv_wr),
-                max_send_sge: 1,
+                // An eager write from device memory gathers its header and payload.
+                max_send_sge: 2,
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
@@ -426,16 +427,42 @@ impl Qp {
         imm: Option<u32>,
         wr_id: u64,
     ) -> Result<()> {
-        let mut sge = ffi::ibv_sge {
-            addr: local.addr,
-            length: local.len,
-            lkey: local.lkey,
-        };
+        self.write_gather(&[local], remote, rkey, imm, wr_id)
+    }
+
+    /// [`Qp::write`] of the concatenation of `parts` (at most two; empty ones are skipped).
+    pub fn write_gather(
+        &self,
+        parts: &[Local],
+        remote: u64,
+        rkey: u32,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<()> {
+        let mut sges = [ffi::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; 2];
+        let mut n = 0;
+        for p in parts.iter().filter(|p| p.len > 0) {
+            if n == sges.len() {
+                return Err(TransportError::Unsupported(
+                    "a write of more than two pieces".into(),
+                ));
+            }
+            sges[n] = ffi::ibv_sge {
+                addr: p.addr,
+                length: p.len,
+                lkey: p.lkey,
+            };
+            n += 1;
+        }
         // SAFETY: an all-zero ibv_send_wr is a valid empty request.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = if local.len == 0 { 0 } else { 1 };
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
         wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         match imm {
             Some(v) => {

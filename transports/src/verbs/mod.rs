@@ -90,6 +90,10 @@ pub struct VerbsConfig {
     pub qps: u8,
     /// Messages in flight per connection (FIFO slots); a power of two.
     pub depth: usize,
+    /// `BUSBW_IB_EAGER`: largest message (bytes) sent without waiting for the receiver's
+    /// ready-to-receive entry; 0 turns the eager path off. Jobs on device buffers turn it
+    /// off (the eager ring is host memory).
+    pub eager: usize,
     /// How long a message may wait for its next step (the job's `-T`).
     pub stall_timeout: Duration,
     pub sysfs: Sysfs,
@@ -110,6 +114,7 @@ impl Default for VerbsConfig {
             retry_cnt: 7,
             qps: 1,
             depth: 64,
+            eager: proto::DEFAULT_EAGER,
             stall_timeout: Duration::from_secs(300),
             sysfs: Sysfs::default(),
             local_rank: 0,
@@ -158,6 +163,13 @@ impl VerbsConfig {
                 handshake::MAX_QPS as u32,
                 1,
             )? as u8,
+            eager: ranged(
+                &get,
+                "BUSBW_IB_EAGER",
+                0,
+                proto::MAX_EAGER as u32,
+                d.eager as u32,
+            )? as usize,
             ..d
         })
     }

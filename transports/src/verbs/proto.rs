@@ -14,6 +14,20 @@
 //!
 //! Up to `depth` messages are in flight per connection (the FIFO's slots are the receiver's
 //! credits); messages round-robin over the connection's queue pairs.
+//!
+//! Small messages go eagerly. Waiting for the ready-to-receive entry costs a one-way trip
+//! before the data may leave, which is most of a small message's latency; so a message of at
+//! most `eager` bytes is written at once, behind an [`EAGER_HEADER`] (length, tag) taken from
+//! a registered staging slot, into slot `seq % depth` of the receiver's eager ring, with the
+//! eager bit set in the immediate. The sender's request completes when the write is
+//! acknowledged, as every send does: a send reported done before that would leave a failed
+//! write (a dead peer, a wrong GID) in a completion queue nobody polls any more. The receiver
+//! copies the payload into the receive's buffer when both have arrived, in either order. Receives are pre-posted for the `depth` messages after the last one released, and
+//! the receiver writes its released count into a credit word behind the sender's FIFO every
+//! `depth / 2` messages: the sender may send message `seq` eagerly while `seq < credit +
+//! depth`, so an eager message never lands in a slot still in use nor meets a queue pair
+//! without a receive. A receive of at most `eager` bytes sends no ready-to-receive entry at
+//! all. Both ends must agree on the threshold: the acceptor's reply fixes it per connection.
 
 use super::wc;
 use crate::{RequestId, Result, TransportError};
@@ -26,6 +40,24 @@ pub const MAX_MESSAGE: usize = 1 << 30;
 /// `wr_id` bit marking the receiver's FIFO writes (its other work requests carry sequence
 /// numbers).
 pub const CTS_WR: u64 = 1 << 63;
+/// `wr_id` bit marking the sender's eager writes.
+pub const EAGER_WR: u64 = 1 << 62;
+/// `wr_id` bit marking the receiver's credit writes.
+pub const CREDIT_WR: u64 = 1 << 61;
+/// Bytes in front of an eager payload in its ring slot: length and tag, little-endian.
+pub const EAGER_HEADER: usize = 8;
+/// Immediate bit of an eager message (the payload is in the eager ring, not the receive's
+/// buffer); the other 31 bits are the low bits of the sequence number.
+pub const IMM_EAGER: u32 = 1 << 31;
+/// The credit word's offset behind a FIFO of `depth` entries.
+pub fn credit_offset(depth: usize) -> usize {
+    depth * CTS_LEN
+}
+/// Default eager threshold (`BUSBW_IB_EAGER`): a message this small costs less to copy
+/// twice than to wait a one-way trip for its ready-to-receive entry.
+pub const DEFAULT_EAGER: usize = 4096;
+/// Largest eager threshold accepted: the ring is `depth` slots of this on every connection.
+pub const MAX_EAGER: usize = 65536;
 
 /// A ready-to-receive entry. `marker` is written last (the entry is one RDMA write, placed in
 /// address order) and equals the message's sequence number plus one, so a stale entry from
@@ -66,6 +98,11 @@ impl Cts {
 /// The marker of message `seq`.
 pub fn marker(seq: u64) -> u32 {
     (seq as u32).wrapping_add(1)
+}
+
+/// The sequence bits an immediate carries.
+fn imm_seq(seq: u64) -> u32 {
+    seq as u32 & !IMM_EAGER
 }
 
 /// What a completion was for.
@@ -111,6 +148,20 @@ pub trait SendWire {
     ) -> Result<()>;
     /// Completions ready now, into `out`; returns how many.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+    /// The receiver's released count as it last wrote it into the credit word.
+    fn read_credit(&self) -> u64;
+    /// Writes an eager header (`src.len`, `tag`, from staging slot `slot`) followed by
+    /// `src` into the receiver's eager ring slot `slot` with `imm`, signaled: one write that
+    /// gathers both, so the payload is never copied on this side.
+    fn post_eager(
+        &mut self,
+        qp: usize,
+        slot: usize,
+        src: Local,
+        tag: u32,
+        imm: u32,
+        wr_id: u64,
+    ) -> Result<()>;
 }
 
 /// The verbs operations a receiver needs.
@@ -120,6 +171,12 @@ pub trait RecvWire {
     /// RDMA-writes `cts` into the sender's FIFO slot `slot` (signaled, `wr_id`).
     fn post_cts(&mut self, qp: usize, slot: usize, cts: &Cts, wr_id: u64) -> Result<()>;
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+    /// RDMA-writes `released` into the sender's credit word (signaled, `wr_id`).
+    fn post_credit(&mut self, released: u64, wr_id: u64) -> Result<()>;
+    /// Length and tag from the header of eager ring slot `slot`.
+    fn eager_header(&self, slot: usize) -> (u32, u32);
+    /// Copies `len` payload bytes of eager ring slot `slot` to `dst` (host memory).
+    fn eager_copy(&mut self, slot: usize, dst: u64, len: u32);
 }
 
 /// Settings shared by both ends.
@@ -130,6 +187,8 @@ pub struct ProtoConfig {
     pub qps: usize,
     /// How long a posted message may go without its next step before the comm fails.
     pub timeout: Duration,
+    /// Largest payload sent eagerly; 0: every message waits for its ready-to-receive entry.
+    pub eager: usize,
 }
 
 /// One request slot of a connection's ring (indexed by sequence number modulo the depth).
@@ -224,7 +283,7 @@ impl<T: Copy> Ring<T> {
 
 #[derive(Clone, Copy, Debug)]
 enum SendReq {
-    /// Waiting for the receiver's FIFO entry.
+    /// Waiting for the receiver's FIFO entry, or (eager) for a credit and a free staging slot.
     Waiting {
         seq: u64,
         local: Local,
@@ -310,7 +369,7 @@ pub struct SendProto {
     reqs: Ring<SendReq>,
     /// Sequence number of the next `post`.
     next_post: u64,
-    /// Sequence number of the next message to write (waiting for its FIFO entry).
+    /// Sequence number of the next message to write (waiting for its FIFO entry or credit).
     next_write: u64,
     any_completed: bool,
     sticky: Sticky,
@@ -330,7 +389,18 @@ impl SendProto {
         }
     }
 
-    /// Queues a message; it is written once the receiver has said where.
+    /// The eager threshold the receiver agreed to (known once the handshake is done; until
+    /// then nothing is written).
+    pub fn set_eager(&mut self, eager: usize) {
+        self.cfg.eager = eager;
+    }
+
+    fn eager(&self, local: &Local) -> bool {
+        (local.len as usize) <= self.cfg.eager
+    }
+
+    /// Queues a message; it is written once the receiver has said where, or at once when it
+    /// is small and the receiver has room.
     pub fn post(&mut self, local: Local, tag: u32, now: Instant) -> Result<RequestId> {
         self.sticky.check(self.peer)?;
         let seq = self.next_post;
@@ -358,61 +428,81 @@ impl SendProto {
                 "RDMA write",
             ));
         }
-        let i = self.reqs.index(c.wr_id);
+        // Eager or not, the message is done; an eager one's staging slot (its header) is free
+        // again with its request slot.
+        let seq = c.wr_id & !EAGER_WR;
+        let i = self.reqs.index(seq);
         match self.reqs.get(i) {
-            Slot::Active(SendReq::Writing { seq, len, .. }) if seq == c.wr_id => {
+            Slot::Active(SendReq::Writing { seq: s, len, .. }) if s == seq => {
                 self.reqs.set(i, Slot::Done(len as usize));
                 self.any_completed = true;
             }
             _ => {
                 return Err(self.sticky.fail(
                     self.peer,
-                    format!(
-                        "completion for message {} that is not being written",
-                        c.wr_id
-                    ),
+                    format!("completion for message {seq} that is not being written"),
                 ))
             }
         }
         Ok(())
     }
 
-    /// Consumes completions and writes every message whose FIFO entry has arrived.
+    /// Consumes completions and writes every message whose FIFO entry (or credit) has
+    /// arrived, in order.
     pub fn progress(&mut self, wire: &mut dyn SendWire, now: Instant) -> Result<()> {
         self.sticky.check(self.peer)?;
         let mut moved = drain(|b| wire.poll(b), |c| self.on_completion(c))?;
+        let depth = self.cfg.depth as u64;
+        let mut credit = None;
         while self.next_write < self.next_post {
             let seq = self.next_write;
             let i = self.reqs.index(seq);
             let Slot::Active(SendReq::Waiting { local, tag, .. }) = self.reqs.get(i) else {
                 break;
             };
-            let cts = wire.read_cts(i);
-            if cts.marker != marker(seq) {
-                break;
-            }
-            if local.len > cts.len {
-                return Err(TransportError::Truncated {
-                    peer: self.peer,
-                    sent: local.len as u64,
-                    posted: cts.len as usize,
-                });
-            }
-            if tag != cts.tag {
-                return Err(TransportError::TagMismatch {
-                    peer: self.peer,
-                    expected: cts.tag,
-                    got: tag,
-                });
-            }
+            let eager = self.eager(&local);
             let qp = (seq as usize) % self.cfg.qps;
-            wire.post_write_imm(qp, local, cts.addr, cts.rkey, seq as u32, seq)
-                .map_err(|e| {
-                    self.sticky.fail(
-                        self.peer,
-                        format!("posting the write of message {seq}: {e}"),
-                    )
-                })?;
+            if eager {
+                let c = *credit.get_or_insert_with(|| wire.read_credit());
+                // A ready-to-receive entry for this very message is a credit too.
+                if seq >= c + depth && wire.read_cts(i).marker != marker(seq) {
+                    break;
+                }
+                let imm = imm_seq(seq) | IMM_EAGER;
+                wire.post_eager(qp, i, local, tag, imm, EAGER_WR | seq)
+                    .map_err(|e| {
+                        self.sticky.fail(
+                            self.peer,
+                            format!("posting the eager write of message {seq}: {e}"),
+                        )
+                    })?;
+            } else {
+                let cts = wire.read_cts(i);
+                if cts.marker != marker(seq) {
+                    break;
+                }
+                if local.len > cts.len {
+                    return Err(TransportError::Truncated {
+                        peer: self.peer,
+                        sent: local.len as u64,
+                        posted: cts.len as usize,
+                    });
+                }
+                if tag != cts.tag {
+                    return Err(TransportError::TagMismatch {
+                        peer: self.peer,
+                        expected: cts.tag,
+                        got: tag,
+                    });
+                }
+                wire.post_write_imm(qp, local, cts.addr, cts.rkey, imm_seq(seq), seq)
+                    .map_err(|e| {
+                        self.sticky.fail(
+                            self.peer,
+                            format!("posting the write of message {seq}: {e}"),
+                        )
+                    })?;
+            }
             self.reqs.set(
                 i,
                 Slot::Active(SendReq::Writing {
@@ -426,14 +516,41 @@ impl SendProto {
         }
         if !moved {
             let peer = self.peer;
+            let eager_max = self.cfg.eager;
             self.reqs.check_stall(now, self.cfg.timeout, |r| match *r {
-                SendReq::Waiting { seq, since, .. } => (
+                SendReq::Waiting {
+                    seq, local, since, ..
+                } if local.len as usize <= eager_max => (
                     since,
-                    format!("message {seq} to rank {peer} waits for the receiver's ready-to-receive entry"),
+                    format!(
+                        "message {seq} to rank {peer} waits for a credit (rank {peer} has not \
+                         received message {})",
+                        seq.wrapping_sub(depth)
+                    ),
+                ),
+                SendReq::Waiting {
+                    seq, local, since, ..
+                } => (
+                    since,
+                    if eager_max > 0 && local.len as usize > eager_max {
+                        format!(
+                            "message {seq} to rank {peer} ({} bytes) waits for the receiver's \
+                             ready-to-receive entry (a receive of at most {eager_max} bytes \
+                             posted for it sends none)",
+                            local.len
+                        )
+                    } else {
+                        format!(
+                            "message {seq} to rank {peer} waits for the receiver's \
+                             ready-to-receive entry"
+                        )
+                    },
                 ),
                 SendReq::Writing { seq, since, .. } => (
                     since,
-                    format!("the RDMA write of message {seq} to rank {peer} was never acknowledged"),
+                    format!(
+                        "the RDMA write of message {seq} to rank {peer} was never acknowledged"
+                    ),
                 ),
             })?;
         }
@@ -446,12 +563,42 @@ impl SendProto {
     }
 }
 
+/// A receive as the receiver keeps it.
+#[derive(Clone, Copy, Debug)]
+struct Want {
+    seq: u64,
+    addr: u64,
+    len: u32,
+    rkey: u32,
+    tag: u32,
+    host: bool,
+    since: Instant,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum RecvReq {
-    /// Posted by the caller, not yet announced to the sender (no credit yet).
-    Queued { seq: u64, cts: Cts, since: Instant },
-    /// Receive and FIFO entry posted; waiting for the immediate.
-    Posted { seq: u64, len: u32, since: Instant },
+    /// Posted by the caller, not yet matched: announced next (credit and FIFO staging
+    /// permitting), or satisfied from the eager ring.
+    Queued(Want),
+    /// Waiting for the data: announced with a FIFO entry (`announced`), or small enough to
+    /// come eagerly.
+    Posted { want: Want, announced: bool },
+}
+
+impl RecvReq {
+    fn want(&self) -> &Want {
+        match self {
+            RecvReq::Queued(w) | RecvReq::Posted { want: w, .. } => w,
+        }
+    }
+}
+
+/// An eager message that landed before its receive was posted.
+#[derive(Clone, Copy, Debug)]
+struct Early {
+    seq: u64,
+    len: u32,
+    tag: u32,
 }
 
 /// The receiving end of one connection.
@@ -460,12 +607,24 @@ pub struct RecvProto {
     cfg: ProtoConfig,
     reqs: Ring<RecvReq>,
     next_post: u64,
-    /// Next sequence number to announce.
-    next_announce: u64,
-    /// Announced and not yet arrived: the credits in use.
+    /// Next sequence number to match (announce, or serve from the eager ring).
+    next_match: u64,
+    /// Announced and not yet arrived.
     in_flight: usize,
     /// FIFO writes whose completion has not come back (their local entry is still in use).
     cts_busy: Vec<bool>,
+    /// Messages below this have landed in their receive's buffer: their ring slots are free
+    /// and a receive is posted for every message below `released + depth`.
+    released: u64,
+    recv_posted: u64,
+    /// Per slot: the message that landed there and is not yet counted into `released`.
+    landed: Vec<Option<u64>>,
+    /// Per slot: an eager message waiting for its receive.
+    early: Vec<Option<Early>>,
+    /// The released count last written to the sender's credit word, and whether that write
+    /// is still in flight.
+    credit_sent: u64,
+    credit_busy: bool,
     any_completed: bool,
     sticky: Sticky,
 }
@@ -478,50 +637,110 @@ impl RecvProto {
             cfg,
             reqs: Ring::new(cfg.depth, peer),
             next_post: 0,
-            next_announce: 0,
+            next_match: 0,
             in_flight: 0,
             cts_busy: vec![false; cfg.depth],
+            released: 0,
+            recv_posted: 0,
+            landed: vec![None; cfg.depth],
+            early: vec![None; cfg.depth],
+            credit_sent: 0,
+            credit_busy: false,
             any_completed: false,
             sticky: Sticky::default(),
         }
     }
 
-    /// Queues a receive into `addr` (`len` bytes, registered with `rkey`).
+    /// Posts the receives of the first `depth` messages: done before the sender learns the
+    /// queue pairs, since an eager write may follow at once.
+    pub fn prime(&mut self, wire: &mut dyn RecvWire) -> Result<()> {
+        self.advance(wire)
+    }
+
+    /// Queues a receive into `addr` (`len` bytes, registered with `rkey`; `host`: host
+    /// memory, which an eager message can be copied into).
     pub fn post(
         &mut self,
         addr: u64,
         len: u32,
         rkey: u32,
         tag: u32,
+        host: bool,
         now: Instant,
     ) -> Result<RequestId> {
         self.sticky.check(self.peer)?;
         let seq = self.next_post;
-        let cts = Cts {
-            addr,
-            rkey,
-            len,
-            tag,
-            marker: marker(seq),
-        };
-        let id = self.reqs.claim(
+        let want = Want {
             seq,
-            RecvReq::Queued {
-                seq,
-                cts,
-                since: now,
-            },
-        )?;
+            addr,
+            len,
+            rkey,
+            tag,
+            host,
+            since: now,
+        };
+        let id = self.reqs.claim(seq, RecvReq::Queued(want))?;
         self.next_post += 1;
         Ok(id)
     }
 
-    fn on_completion(&mut self, c: Completion) -> Result<()> {
+    /// The full sequence number of an immediate: within the `depth` messages after
+    /// `released`, the only ones the sender may have written.
+    fn seq_of(&mut self, imm: u32) -> Result<u64> {
+        let low = imm & !IMM_EAGER;
+        let ahead = low.wrapping_sub(imm_seq(self.released)) & !IMM_EAGER;
+        if ahead as usize >= self.cfg.depth {
+            return Err(self.sticky.fail(
+                self.peer,
+                format!(
+                    "an immediate for message {low} (mod 2^31) outside the window of {} messages \
+                     after {} (ranks out of step)",
+                    self.cfg.depth, self.released
+                ),
+            ));
+        }
+        Ok(self.released + ahead as u64)
+    }
+
+    /// Copies eager message `e` from its ring slot into `w`'s buffer.
+    fn deliver(&mut self, wire: &mut dyn RecvWire, w: &Want, e: Early) -> Result<usize> {
+        if e.len > w.len {
+            return Err(TransportError::Truncated {
+                peer: self.peer,
+                sent: e.len as u64,
+                posted: w.len as usize,
+            });
+        }
+        if e.tag != w.tag {
+            return Err(TransportError::TagMismatch {
+                peer: self.peer,
+                expected: w.tag,
+                got: e.tag,
+            });
+        }
+        if !w.host {
+            return Err(self.sticky.fail(
+                self.peer,
+                format!(
+                    "message {} came eagerly but its receive buffer is device memory, which \
+                     the eager ring cannot be copied into (set BUSBW_IB_EAGER=0 on every rank)",
+                    e.seq
+                ),
+            ));
+        }
+        wire.eager_copy(self.reqs.index(e.seq), w.addr, e.len);
+        Ok(e.len as usize)
+    }
+
+    fn on_completion(&mut self, wire: &mut dyn RecvWire, c: Completion) -> Result<()> {
         let is_cts = c.wr_id & CTS_WR != 0;
+        let is_credit = c.wr_id & CREDIT_WR != 0;
         if c.status != wc::SUCCESS {
             let first = !self.any_completed;
             let what = if is_cts {
                 "writing the ready-to-receive entry"
+            } else if is_credit {
+                "writing the credit word"
             } else {
                 "receiving"
             };
@@ -539,21 +758,65 @@ impl RecvProto {
                 self.cts_busy[s] = false;
                 self.any_completed = true;
             }
-            Op::RecvImm { imm, bytes } => {
-                let i = self.reqs.index(imm as u64);
+            Op::Write if is_credit => {
+                self.credit_busy = false;
+                self.any_completed = true;
+            }
+            Op::RecvImm { imm, bytes } if imm & IMM_EAGER != 0 => {
+                let seq = self.seq_of(imm)?;
+                let i = self.reqs.index(seq);
+                let (len, tag) = wire.eager_header(i);
+                if bytes as usize != EAGER_HEADER + len as usize || self.early[i].is_some() {
+                    return Err(self.sticky.fail(
+                        self.peer,
+                        format!(
+                            "eager message {seq} is malformed ({bytes} bytes for a {len}-byte \
+                             payload) or its slot is still in use (ranks out of step)"
+                        ),
+                    ));
+                }
+                let e = Early { seq, len, tag };
+                self.any_completed = true;
                 match self.reqs.get(i) {
-                    Slot::Active(RecvReq::Posted { seq, len, .. }) if seq as u32 == imm => {
-                        if bytes > len {
-                            return Err(TransportError::Truncated { peer: self.peer, sent: bytes as u64, posted: len as usize });
+                    Slot::Active(r) if r.want().seq == seq => {
+                        let w = *r.want();
+                        let n = self.deliver(wire, &w, e)?;
+                        if let RecvReq::Posted {
+                            announced: true, ..
+                        } = r
+                        {
+                            self.in_flight -= 1;
+                        }
+                        self.reqs.set(i, Slot::Done(n));
+                        self.landed[i] = Some(seq);
+                    }
+                    _ => self.early[i] = Some(e),
+                }
+            }
+            Op::RecvImm { imm, bytes } => {
+                let seq = self.seq_of(imm)?;
+                let i = self.reqs.index(seq);
+                match self.reqs.get(i) {
+                    Slot::Active(RecvReq::Posted {
+                        want,
+                        announced: true,
+                    }) if want.seq == seq => {
+                        if bytes > want.len {
+                            return Err(TransportError::Truncated {
+                                peer: self.peer,
+                                sent: bytes as u64,
+                                posted: want.len as usize,
+                            });
                         }
                         self.reqs.set(i, Slot::Done(bytes as usize));
+                        self.landed[i] = Some(seq);
                         self.in_flight -= 1;
                         self.any_completed = true;
                     }
                     _ => {
                         return Err(self.sticky.fail(
                             self.peer,
-                            format!("an immediate for message {imm} that was not announced (ranks out of step)"),
+                            format!("an immediate for message {seq} that was not announced (ranks out of step)"),
                         ))
                     }
                 }
@@ -568,52 +831,130 @@ impl RecvProto {
         Ok(())
     }
 
-    /// Announces queued receives while credits last and consumes completions.
-    pub fn progress(&mut self, wire: &mut dyn RecvWire, now: Instant) -> Result<()> {
-        self.sticky.check(self.peer)?;
-        let mut moved = drain(|b| wire.poll(b), |c| self.on_completion(c))?;
-        while self.next_announce < self.next_post && self.in_flight < self.cfg.depth {
-            let seq = self.next_announce;
-            let i = self.reqs.index(seq);
-            let Slot::Active(RecvReq::Queued { cts, .. }) = self.reqs.get(i) else {
-                break;
-            };
-            if self.cts_busy[i] {
+    /// Counts landed messages into `released`, posts the receives that frees, and tells the
+    /// sender every `depth / 2` messages (eager connections only: otherwise the FIFO entries
+    /// are the only credits the sender needs).
+    fn advance(&mut self, wire: &mut dyn RecvWire) -> Result<()> {
+        loop {
+            let i = self.reqs.index(self.released);
+            if self.landed[i] != Some(self.released) {
                 break;
             }
+            self.landed[i] = None;
+            self.released += 1;
+        }
+        let depth = self.cfg.depth as u64;
+        while self.recv_posted < self.released + depth {
+            let seq = self.recv_posted;
             let qp = (seq as usize) % self.cfg.qps;
             let peer = self.peer;
             wire.post_recv(qp, seq).map_err(|e| {
                 self.sticky
                     .fail(peer, format!("posting the receive of message {seq}: {e}"))
             })?;
-            wire.post_cts(0, i, &cts, CTS_WR | i as u64).map_err(|e| {
+            self.recv_posted += 1;
+        }
+        if self.cfg.eager > 0
+            && !self.credit_busy
+            && self.released >= self.credit_sent + (depth / 2).max(1)
+        {
+            let peer = self.peer;
+            wire.post_credit(self.released, CREDIT_WR).map_err(|e| {
                 self.sticky
-                    .fail(peer, format!("announcing message {seq}: {e}"))
+                    .fail(peer, format!("writing the credit word: {e}"))
             })?;
-            self.cts_busy[i] = true;
-            self.reqs.set(
-                i,
-                Slot::Active(RecvReq::Posted {
-                    seq,
-                    len: cts.len,
-                    since: now,
-                }),
-            );
-            self.in_flight += 1;
-            self.next_announce += 1;
+            self.credit_sent = self.released;
+            self.credit_busy = true;
+        }
+        Ok(())
+    }
+
+    /// Matches posted receives (from the eager ring, or by announcing them while credits
+    /// last) and consumes completions.
+    pub fn progress(&mut self, wire: &mut dyn RecvWire, now: Instant) -> Result<()> {
+        self.sticky.check(self.peer)?;
+        let mut wcs = [NO_COMPLETION; 32];
+        let mut moved = false;
+        loop {
+            let n = wire.poll(&mut wcs)?;
+            for c in &wcs[..n] {
+                self.on_completion(wire, *c)?;
+            }
+            moved |= n > 0;
+            if n < wcs.len() {
+                break;
+            }
+        }
+        // Receives for what just landed first: an announcement needs its receive posted.
+        self.advance(wire)?;
+        while self.next_match < self.next_post {
+            let seq = self.next_match;
+            let i = self.reqs.index(seq);
+            let want = match self.reqs.get(i) {
+                Slot::Active(RecvReq::Queued(w)) if w.seq == seq => w,
+                // Served already (it came eagerly while queued).
+                _ => {
+                    self.next_match += 1;
+                    continue;
+                }
+            };
+            if let Some(e) = self.early[i].filter(|e| e.seq == seq) {
+                let n = self.deliver(wire, &want, e)?;
+                self.early[i] = None;
+                self.reqs.set(i, Slot::Done(n));
+                self.landed[i] = Some(seq);
+            } else if want.host && want.len as usize <= self.cfg.eager {
+                // Whatever fits comes eagerly: no entry to announce.
+                self.reqs.set(
+                    i,
+                    Slot::Active(RecvReq::Posted {
+                        want,
+                        announced: false,
+                    }),
+                );
+            } else {
+                if seq >= self.recv_posted || self.cts_busy[i] {
+                    break;
+                }
+                let cts = Cts {
+                    addr: want.addr,
+                    rkey: want.rkey,
+                    len: want.len,
+                    tag: want.tag,
+                    marker: marker(seq),
+                };
+                let peer = self.peer;
+                wire.post_cts(0, i, &cts, CTS_WR | i as u64).map_err(|e| {
+                    self.sticky
+                        .fail(peer, format!("announcing message {seq}: {e}"))
+                })?;
+                self.cts_busy[i] = true;
+                self.reqs.set(
+                    i,
+                    Slot::Active(RecvReq::Posted {
+                        want: Want { since: now, ..want },
+                        announced: true,
+                    }),
+                );
+                self.in_flight += 1;
+            }
+            self.next_match += 1;
             moved = true;
         }
+        self.advance(wire)?;
         if !moved {
             let peer = self.peer;
             self.reqs.check_stall(now, self.cfg.timeout, |r| match *r {
-                RecvReq::Posted { seq, since, .. } => (
-                    since,
-                    format!("message {seq} from rank {peer} never arrived"),
+                RecvReq::Posted { want, .. } => (
+                    want.since,
+                    format!("message {} from rank {peer} never arrived", want.seq),
                 ),
-                RecvReq::Queued { seq, since, .. } => (
-                    since,
-                    format!("message {seq} from rank {peer} could not be announced (FIFO full)"),
+                RecvReq::Queued(w) => (
+                    w.since,
+                    format!(
+                        "message {} from rank {peer} could not be announced (FIFO full)",
+                        w.seq
+                    ),
                 ),
             })?;
         }
@@ -647,10 +988,38 @@ mod tests {
         recvs: Vec<VecDeque<u64>>,
         cts_posts: usize,
         writes: Vec<(usize, u32)>,
+        /// The receiver's eager ring and the sender's credit word.
+        eager: Vec<u8>,
+        eager_stride: usize,
+        credit: u64,
+        credit_posts: usize,
         /// Completions are produced but not delivered (a dead peer / lost acks).
         hold: bool,
         /// Status for the next payload write's completion.
         fail_next_write: Option<u32>,
+    }
+
+    impl Link {
+        /// Logs a write with immediate of `bytes` and queues its completions, or a failed one
+        /// when asked (`false`: nothing lands).
+        fn write_imm(&mut self, qp: usize, imm: u32, bytes: u32, wr_id: u64) -> bool {
+            self.writes.push((qp, imm));
+            if let Some(status) = self.fail_next_write.take() {
+                self.send_cq.push_back(Completion {
+                    wr_id,
+                    status,
+                    vendor_err: 0x81,
+                    op: Op::Write,
+                });
+                return false;
+            }
+            let Some(_) = self.recvs[qp].pop_front() else {
+                panic!("write with immediate on qp {qp} without a posted receive (RNR)");
+            };
+            self.recv_cq.push_back(ok(0, Op::RecvImm { imm, bytes }));
+            self.send_cq.push_back(ok(wr_id, Op::Write));
+            true
+        }
     }
 
     struct Tx(Rc<RefCell<Link>>);
@@ -678,36 +1047,46 @@ mod tests {
             imm: u32,
             wr_id: u64,
         ) -> Result<()> {
+            if self.0.borrow_mut().write_imm(qp, imm, local.len, wr_id) {
+                // SAFETY: the tests' buffers outlive the link; addresses come from them.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        local.addr as *const u8,
+                        remote as *mut u8,
+                        local.len as usize,
+                    )
+                };
+            }
+            Ok(())
+        }
+        fn read_credit(&self) -> u64 {
+            self.0.borrow().credit
+        }
+        fn post_eager(
+            &mut self,
+            qp: usize,
+            slot: usize,
+            src: Local,
+            tag: u32,
+            imm: u32,
+            wr_id: u64,
+        ) -> Result<()> {
             let mut l = self.0.borrow_mut();
-            l.writes.push((qp, imm));
-            if let Some(status) = l.fail_next_write.take() {
-                l.send_cq.push_back(Completion {
-                    wr_id,
-                    status,
-                    vendor_err: 0x81,
-                    op: Op::Write,
-                });
+            if !l.write_imm(qp, imm, EAGER_HEADER as u32 + src.len, wr_id) {
                 return Ok(());
             }
-            // SAFETY: the tests' buffers outlive the link; addresses come from them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    local.addr as *const u8,
-                    remote as *mut u8,
-                    local.len as usize,
-                )
-            };
-            let Some(_) = l.recvs[qp].pop_front() else {
-                panic!("write with immediate on qp {qp} without a posted receive (RNR)");
-            };
-            l.recv_cq.push_back(ok(
-                0,
-                Op::RecvImm {
-                    imm,
-                    bytes: local.len,
-                },
-            ));
-            l.send_cq.push_back(ok(wr_id, Op::Write));
+            let off = slot * l.eager_stride;
+            assert!(
+                src.len as usize + EAGER_HEADER <= l.eager_stride,
+                "eager message larger than a slot"
+            );
+            l.eager[off..off + 4].copy_from_slice(&src.len.to_le_bytes());
+            l.eager[off + 4..off + 8].copy_from_slice(&tag.to_le_bytes());
+            // SAFETY: the tests' buffers outlive the link.
+            let payload =
+                unsafe { std::slice::from_raw_parts(src.addr as *const u8, src.len as usize) };
+            let at = off + EAGER_HEADER;
+            l.eager[at..at + payload.len()].copy_from_slice(payload);
             Ok(())
         }
         fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
@@ -736,6 +1115,27 @@ mod tests {
             l.recv_cq.push_back(ok(wr_id, Op::Write));
             Ok(())
         }
+        fn post_credit(&mut self, released: u64, wr_id: u64) -> Result<()> {
+            let mut l = self.0.borrow_mut();
+            l.credit = released;
+            l.credit_posts += 1;
+            l.recv_cq.push_back(ok(wr_id, Op::Write));
+            Ok(())
+        }
+        fn eager_header(&self, slot: usize) -> (u32, u32) {
+            let l = self.0.borrow();
+            let off = slot * l.eager_stride;
+            let w = |i: usize| u32::from_le_bytes(l.eager[i..i + 4].try_into().unwrap());
+            (w(off), w(off + 4))
+        }
+        fn eager_copy(&mut self, slot: usize, dst: u64, len: u32) {
+            let l = self.0.borrow();
+            let at = slot * l.eager_stride + EAGER_HEADER;
+            // SAFETY: the tests' buffers outlive the link; dst holds len bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(l.eager[at..].as_ptr(), dst as *mut u8, len as usize)
+            };
+        }
         fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
             let mut l = self.0.borrow_mut();
             if l.hold {
@@ -750,14 +1150,26 @@ mod tests {
     }
 
     fn setup(depth: usize, qps: usize) -> (SendProto, RecvProto, Tx, Rx, Rc<RefCell<Link>>) {
+        setup_eager(depth, qps, 0)
+    }
+
+    fn setup_eager(
+        depth: usize,
+        qps: usize,
+        eager: usize,
+    ) -> (SendProto, RecvProto, Tx, Rx, Rc<RefCell<Link>>) {
         let cfg = ProtoConfig {
             depth,
             qps,
             timeout: Duration::from_secs(10),
+            eager,
         };
+        let stride = EAGER_HEADER + eager;
         let link = Rc::new(RefCell::new(Link {
             fifo: vec![Cts::default(); depth],
             recvs: vec![VecDeque::new(); qps],
+            eager: vec![0; depth * stride],
+            eager_stride: stride,
             ..Link::default()
         }));
         (
@@ -790,7 +1202,7 @@ mod tests {
                 let m = round * 3 + k;
                 let d = &mut dst[m];
                 rids.push(
-                    r.post(d.as_mut_ptr() as u64, d.len() as u32, 9, 7, now)
+                    r.post(d.as_mut_ptr() as u64, d.len() as u32, 9, 7, true, now)
                         .unwrap(),
                 );
                 sids.push(s.post(local(&src[m]), 7, now).unwrap());
@@ -838,7 +1250,7 @@ mod tests {
         );
         let rids: Vec<_> = dst
             .iter_mut()
-            .map(|d| r.post(d.as_mut_ptr() as u64, 8, 1, 0, now))
+            .map(|d| r.post(d.as_mut_ptr() as u64, 8, 1, 0, true, now))
             .collect::<Result<_>>()
             .unwrap();
         r.progress(&mut rx, now).unwrap();
@@ -863,10 +1275,14 @@ mod tests {
         let now = Instant::now();
         let src = [[1u8; 4], [2; 4]];
         let mut dst = [[0u8; 4]; 2];
-        let a = r.post(dst[0].as_mut_ptr() as u64, 4, 1, 0, now).unwrap();
-        let b = r.post(dst[1].as_mut_ptr() as u64, 4, 1, 0, now).unwrap();
+        let a = r
+            .post(dst[0].as_mut_ptr() as u64, 4, 1, 0, true, now)
+            .unwrap();
+        let b = r
+            .post(dst[1].as_mut_ptr() as u64, 4, 1, 0, true, now)
+            .unwrap();
         assert!(matches!(
-            r.post(0, 4, 1, 0, now),
+            r.post(0, 4, 1, 0, true, now),
             Err(TransportError::TooManyRequests { peer: 5, max: 2 })
         ));
         // Take the FIFO entries' completions away: the receiver must not reuse their slots.
@@ -879,7 +1295,9 @@ mod tests {
         r.progress(&mut rx, now).unwrap();
         assert_eq!(r.take(a).unwrap(), Some(4));
         // Message 2 reuses slot 0 now that message 0 arrived and its entry was acknowledged.
-        let c = r.post(dst[0].as_mut_ptr() as u64, 4, 1, 0, now).unwrap();
+        let c = r
+            .post(dst[0].as_mut_ptr() as u64, 4, 1, 0, true, now)
+            .unwrap();
         r.progress(&mut rx, now).unwrap();
         assert_eq!(link.borrow().cts_posts, 3);
         assert_eq!(r.credits_in_use(), 2);
@@ -904,7 +1322,8 @@ mod tests {
         let now = Instant::now();
         let src = [7u8; 16];
         let mut dst = [0u8; 16];
-        r.post(dst.as_mut_ptr() as u64, 16, 1, 0, now).unwrap();
+        r.post(dst.as_mut_ptr() as u64, 16, 1, 0, true, now)
+            .unwrap();
         r.progress(&mut rx, now).unwrap();
         s.post(local(&src), 0, now).unwrap();
         link.borrow_mut().fail_next_write = Some(wc::RETRY_EXC_ERR);
@@ -930,7 +1349,8 @@ mod tests {
         let src = [7u8; 16];
         let mut dst = [0u8; 16];
         for _ in 0..2 {
-            r.post(dst.as_mut_ptr() as u64, 16, 1, 0, now).unwrap();
+            r.post(dst.as_mut_ptr() as u64, 16, 1, 0, true, now)
+                .unwrap();
         }
         r.progress(&mut rx, now).unwrap();
         let a = s.post(local(&src), 0, now).unwrap();
@@ -974,7 +1394,7 @@ mod tests {
             "{e}"
         );
 
-        r.post(dst.as_mut_ptr() as u64, 16, 1, 0, t0).unwrap();
+        r.post(dst.as_mut_ptr() as u64, 16, 1, 0, true, t0).unwrap();
         r.progress(&mut rx, t0).unwrap();
         link.borrow_mut().hold = true;
         r.progress(&mut rx, t0 + Duration::from_secs(5)).unwrap();
@@ -988,7 +1408,8 @@ mod tests {
         let now = Instant::now();
         let big = [1u8; 32];
         let mut dst = [0u8; 16];
-        r.post(dst.as_mut_ptr() as u64, 16, 1, 4, now).unwrap();
+        r.post(dst.as_mut_ptr() as u64, 16, 1, 4, true, now)
+            .unwrap();
         r.progress(&mut rx, now).unwrap();
         s.post(local(&big), 4, now).unwrap();
         assert!(matches!(
@@ -1001,7 +1422,8 @@ mod tests {
         ));
 
         let (mut s, mut r, mut tx, mut rx, _) = setup(4, 1);
-        r.post(dst.as_mut_ptr() as u64, 16, 1, 4, now).unwrap();
+        r.post(dst.as_mut_ptr() as u64, 16, 1, 4, true, now)
+            .unwrap();
         r.progress(&mut rx, now).unwrap();
         s.post(local(&big[..8]), 5, now).unwrap();
         assert!(matches!(
@@ -1012,6 +1434,211 @@ mod tests {
                 got: 5
             })
         ));
+    }
+
+    fn eager_imm(link: &Rc<RefCell<Link>>) -> Vec<bool> {
+        link.borrow()
+            .writes
+            .iter()
+            .map(|w| w.1 & IMM_EAGER != 0)
+            .collect()
+    }
+
+    #[test]
+    fn small_messages_leave_at_once_and_land_whichever_side_comes_first() {
+        let (mut s, mut r, mut tx, mut rx, link) = setup_eager(4, 2, 64);
+        let now = Instant::now();
+        r.prime(&mut rx).unwrap();
+        let src: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 10; 8 + i as usize]).collect();
+        let sids: Vec<_> = src
+            .iter()
+            .map(|b| s.post(local(b), 3, now).unwrap())
+            .collect();
+        s.progress(&mut tx, now).unwrap();
+        assert_eq!(eager_imm(&link), [true; 3], "no receive was posted yet");
+        s.progress(&mut tx, now).unwrap();
+        for (id, b) in sids.into_iter().zip(&src) {
+            assert_eq!(s.take(id).unwrap(), Some(b.len()), "done once acknowledged");
+        }
+        let mut dst = [[0u8; 64]; 3];
+        // The first receive is posted before the receiver sees anything, the others after.
+        let a = r
+            .post(dst[0].as_mut_ptr() as u64, 64, 1, 3, true, now)
+            .unwrap();
+        r.progress(&mut rx, now).unwrap();
+        let rest: Vec<_> = dst[1..]
+            .iter_mut()
+            .map(|d| r.post(d.as_mut_ptr() as u64, 64, 1, 3, true, now).unwrap())
+            .collect();
+        r.progress(&mut rx, now).unwrap();
+        assert_eq!(r.take(a).unwrap(), Some(8));
+        for (k, id) in rest.into_iter().enumerate() {
+            assert_eq!(r.take(id).unwrap(), Some(src[k + 1].len()));
+        }
+        for (d, b) in dst.iter().zip(&src) {
+            assert_eq!(&d[..b.len()], &b[..]);
+        }
+        let l = link.borrow();
+        assert_eq!(l.cts_posts, 0, "small receives announce nothing");
+        assert_eq!(
+            l.writes.iter().map(|w| w.0).collect::<Vec<_>>(),
+            [0, 1, 0],
+            "round-robin over the queue pairs"
+        );
+    }
+
+    #[test]
+    fn the_eager_window_closes_at_the_ring_and_credits_reopen_it() {
+        let (mut s, mut r, mut tx, mut rx, link) = setup_eager(4, 1, 16);
+        let now = Instant::now();
+        r.prime(&mut rx).unwrap();
+        let src = [5u8; 16];
+        let mut sent = 0;
+        // Eight messages; the receiver takes none yet.
+        for _ in 0..8 {
+            let id = s.post(local(&src), 0, now).unwrap();
+            s.progress(&mut tx, now).unwrap();
+            s.progress(&mut tx, now).unwrap();
+            if s.take(id).unwrap().is_some() {
+                sent += 1;
+            } else {
+                // Not written: the receiver's ring is full. It must stay queued.
+                assert_eq!(link.borrow().writes.len(), 4);
+                break;
+            }
+        }
+        assert_eq!(sent, 4, "a ring of four slots takes four messages");
+        let mut dst = [[0u8; 16]; 4];
+        let mut rids: Vec<_> = dst
+            .iter_mut()
+            .take(2)
+            .map(|d| r.post(d.as_mut_ptr() as u64, 16, 1, 0, true, now).unwrap())
+            .collect();
+        r.progress(&mut rx, now).unwrap();
+        assert_eq!(
+            link.borrow().credit,
+            2,
+            "two released: half the ring, worth telling"
+        );
+        s.progress(&mut tx, now).unwrap();
+        assert_eq!(
+            link.borrow().writes.len(),
+            5,
+            "message 4 went; the next waits for its slot"
+        );
+        for id in rids.drain(..) {
+            assert_eq!(r.take(id).unwrap(), Some(16));
+        }
+        // Messages 2-4 (message 4 went on the credit).
+        for d in dst.iter_mut().skip(1) {
+            rids.push(r.post(d.as_mut_ptr() as u64, 16, 1, 0, true, now).unwrap());
+        }
+        r.progress(&mut rx, now).unwrap();
+        for id in rids {
+            assert_eq!(r.take(id).unwrap(), Some(16));
+        }
+        assert_eq!(link.borrow().credit, 5);
+        assert_eq!(link.borrow().credit_posts, 2);
+        assert_eq!(dst, [[5u8; 16]; 4]);
+    }
+
+    #[test]
+    fn eager_and_announced_messages_mix_in_order() {
+        let (mut s, mut r, mut tx, mut rx, link) = setup_eager(8, 1, 16);
+        let now = Instant::now();
+        r.prime(&mut rx).unwrap();
+        let src = [vec![1u8; 8], vec![2u8; 100], vec![3u8; 8], vec![4u8; 16]];
+        // A large receive for a small message: it still comes eagerly.
+        let caps = [8usize, 100, 100, 16];
+        let mut dst: Vec<Vec<u8>> = caps.iter().map(|&c| vec![0u8; c]).collect();
+        let sids: Vec<_> = src
+            .iter()
+            .map(|b| s.post(local(b), 0, now).unwrap())
+            .collect();
+        s.progress(&mut tx, now).unwrap();
+        assert_eq!(
+            eager_imm(&link),
+            [true],
+            "message 1 waits for its entry and holds back message 2"
+        );
+        let rids: Vec<_> = dst
+            .iter_mut()
+            .map(|d| {
+                r.post(d.as_mut_ptr() as u64, d.len() as u32, 1, 0, true, now)
+                    .unwrap()
+            })
+            .collect();
+        for _ in 0..3 {
+            r.progress(&mut rx, now).unwrap();
+            s.progress(&mut tx, now).unwrap();
+        }
+        r.progress(&mut rx, now).unwrap();
+        assert_eq!(eager_imm(&link), [true, false, true, true]);
+        assert_eq!(link.borrow().cts_posts, 2, "the two large receives");
+        s.progress(&mut tx, now).unwrap();
+        for (k, (rid, sid)) in rids.into_iter().zip(sids).enumerate() {
+            assert_eq!(r.take(rid).unwrap(), Some(src[k].len()), "message {k}");
+            assert_eq!(s.take(sid).unwrap(), Some(src[k].len()));
+            assert_eq!(&dst[k][..src[k].len()], &src[k][..]);
+        }
+        assert_eq!(r.credits_in_use(), 0);
+    }
+
+    #[test]
+    fn eager_disagreements_are_named_by_the_receiver() {
+        let now = Instant::now();
+        let src = [1u8; 12];
+        let dst = [0u8; 12];
+        let case = |cap: u32, tag: u32, host: bool| {
+            let (mut s, mut r, mut tx, mut rx, _) = setup_eager(4, 1, 16);
+            r.prime(&mut rx).unwrap();
+            s.post(local(&src), 4, now).unwrap();
+            s.progress(&mut tx, now).unwrap();
+            let d = dst.as_ptr() as u64;
+            r.post(d, cap, 1, tag, host, now).unwrap();
+            r.progress(&mut rx, now).unwrap_err()
+        };
+        assert!(matches!(
+            case(8, 4, true),
+            TransportError::Truncated {
+                peer: 5,
+                sent: 12,
+                posted: 8
+            }
+        ));
+        assert!(matches!(
+            case(12, 9, true),
+            TransportError::TagMismatch {
+                peer: 5,
+                expected: 9,
+                got: 4
+            }
+        ));
+        let e = case(12, 4, false).to_string();
+        assert!(
+            e.contains("device memory") && e.contains("BUSBW_IB_EAGER=0"),
+            "{e}"
+        );
+        assert_eq!(dst, [0u8; 12], "nothing was copied");
+    }
+
+    #[test]
+    fn a_failed_eager_write_fails_its_send() {
+        let (mut s, mut r, mut tx, mut rx, link) = setup_eager(4, 1, 16);
+        let now = Instant::now();
+        r.prime(&mut rx).unwrap();
+        let src = [7u8; 8];
+        link.borrow_mut().fail_next_write = Some(wc::RETRY_EXC_ERR);
+        let a = s.post(local(&src), 0, now).unwrap();
+        s.progress(&mut tx, now).unwrap();
+        assert_eq!(
+            s.take(a).unwrap(),
+            None,
+            "not done before its acknowledgement"
+        );
+        let e = s.progress(&mut tx, now).unwrap_err().to_string();
+        assert!(e.contains("peer unreachable or wrong GID"), "{e}");
+        assert!(s.post(local(&src), 0, now).is_err());
     }
 
     #[test]

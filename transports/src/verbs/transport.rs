@@ -11,7 +11,8 @@ use super::gpudirect::{self, GpuDirect};
 use super::handshake::{self, Hello, ListenInfo, PortAddr, Reply};
 use super::ib::{Cq, Device, OwnedMr, PathParams, Qp};
 use super::proto::{
-    self, Completion, Cts, Local, ProtoConfig, RecvProto, RecvWire, SendProto, SendWire, CTS_LEN,
+    self, credit_offset, Completion, Cts, Local, ProtoConfig, RecvProto, RecvWire, SendProto,
+    SendWire, CTS_LEN, EAGER_HEADER,
 };
 use super::{pick_port, PortChoice, VerbsConfig};
 use crate::tcp::poll_readable;
@@ -79,6 +80,8 @@ impl VerbsTransport {
             depth: self.cfg.depth,
             qps: 1,
             timeout: self.cfg.stall_timeout,
+            // Set from the acceptor's reply: nothing goes eagerly before it agreed.
+            eager: 0,
         }
     }
 
@@ -203,7 +206,8 @@ impl Transport for VerbsTransport {
         let n = self.cfg.qps.max(info.qps) as usize;
         let cq = self.dev.cq(self.cfg.depth * 2 + 16)?;
         let qps = self.qps(&cq, n, false)?;
-        let fifo = self.dev.buffer(self.cfg.depth * CTS_LEN)?;
+        // The FIFO, then the receiver's credit word.
+        let fifo = self.dev.buffer(credit_offset(self.cfg.depth) + 8)?;
         let hello = Hello {
             job: self.identity.job,
             rank: self.identity.rank,
@@ -213,6 +217,7 @@ impl Transport for VerbsTransport {
             fifo_addr: fifo.addr(),
             fifo_rkey: fifo.mr.rkey(),
             fifo_depth: self.cfg.depth as u32,
+            eager: self.cfg.eager as u32,
         };
         let addr = info.bootstrap;
         let mut stream = crate::tcp::connect_retrying(addr, peer, timeout, || {
@@ -236,6 +241,9 @@ impl Transport for VerbsTransport {
             qps,
             cq,
             fifo,
+            eager: None,
+            eager_offered: self.cfg.eager,
+            depth: self.cfg.depth,
             dev: self.dev.clone(),
             peer,
             proto: SendProto::new(peer, cfg),
@@ -332,36 +340,63 @@ impl VerbsListener {
                     msg: e.to_string(),
                 })?;
         }
-        let staging = o.dev.buffer(o.cfg.depth * CTS_LEN)?;
+        // FIFO entries to write, then the credit word.
+        let staging = o.dev.buffer(credit_offset(o.cfg.depth) + 8)?;
+        let eager = (h.eager as usize).min(o.cfg.eager);
+        let ring = if eager > 0 {
+            Some(o.dev.buffer(o.cfg.depth * (EAGER_HEADER + eager))?)
+        } else {
+            None
+        };
         let reply = Reply {
             port: o.dev.addr,
             qpns: qps.iter().map(Qp::num).collect(),
+            eager: eager as u32,
+            eager_addr: ring.as_ref().map_or(0, OwnedMr::addr),
+            eager_rkey: ring.as_ref().map_or(0, |r| r.mr.rkey()),
         };
-        let io_err = |error| TransportError::PeerIo { peer, error };
-        stream.set_write_timeout(Some(HELLO_WAIT)).map_err(io_err)?;
-        stream
-            .write_all(&handshake::frame(&reply.encode()))
-            .map_err(io_err)?;
-        stream.set_nonblocking(true).map_err(io_err)?;
         let cfg = ProtoConfig {
             depth: o.cfg.depth,
             qps: n,
             timeout: o.cfg.stall_timeout,
+            eager,
         };
-        Ok(Box::new(VerbsRecvComm {
+        let mut comm = VerbsRecvComm {
             qps,
             cq,
             staging,
+            ring,
+            stride: EAGER_HEADER + eager,
             _dev: o.dev.clone(),
             peer,
             channel: h.channel,
             fifo_addr: h.fifo_addr,
             fifo_rkey: h.fifo_rkey,
             proto: RecvProto::new(peer, cfg),
-            boot: Some((stream, Instant::now())),
+            boot: None,
             alive: None,
             stall: o.cfg.stall_timeout,
-        }))
+        };
+        // Receives are posted before the connector learns our queue pairs: its first eager
+        // write may follow the reply at once.
+        let mut wire = RecvSide {
+            qps: &comm.qps,
+            cq: &comm.cq,
+            staging: &mut comm.staging,
+            ring: comm.ring.as_ref(),
+            stride: comm.stride,
+            fifo_addr: comm.fifo_addr,
+            fifo_rkey: comm.fifo_rkey,
+        };
+        comm.proto.prime(&mut wire)?;
+        let io_err = |error| TransportError::PeerIo { peer, error };
+        stream.set_write_timeout(Some(HELLO_WAIT)).map_err(io_err)?;
+        stream
+            .write_all(&handshake::frame(&reply.encode()))
+            .map_err(io_err)?;
+        stream.set_nonblocking(true).map_err(io_err)?;
+        comm.boot = Some((stream, Instant::now()));
+        Ok(Box::new(comm))
     }
 }
 
@@ -415,11 +450,25 @@ enum Boot {
     },
 }
 
+/// The sender's half of the eager path: where small messages are copied, and where they go.
+struct EagerOut {
+    staging: OwnedMr,
+    /// Bytes per slot, header included (the same on both ends).
+    stride: usize,
+    remote_addr: u64,
+    remote_rkey: u32,
+}
+
 struct VerbsSendComm {
     // Field order is drop order: queue pairs before their CQ, then the FIFO, then the device.
     qps: Vec<Qp>,
     cq: Cq,
     fifo: OwnedMr,
+    /// Once the reply agreed to an eager threshold: the staging slots and the peer's ring.
+    eager: Option<EagerOut>,
+    /// The threshold this side offered in its hello, and the FIFO depth.
+    eager_offered: usize,
+    depth: usize,
     dev: Arc<Device>,
     peer: u32,
     proto: SendProto,
@@ -473,6 +522,22 @@ impl VerbsSendComm {
                 self.qps.len()
             )));
         }
+        if reply.eager as usize > self.eager_offered {
+            return Err(TransportError::Handshake(format!(
+                "rank {peer} set an eager threshold of {} bytes, above the {} offered",
+                reply.eager, self.eager_offered
+            )));
+        }
+        if reply.eager > 0 {
+            let stride = EAGER_HEADER + reply.eager as usize;
+            self.eager = Some(EagerOut {
+                staging: self.dev.buffer(self.depth * stride)?,
+                stride,
+                remote_addr: reply.eager_addr,
+                remote_rkey: reply.eager_rkey,
+            });
+            self.proto.set_eager(reply.eager as usize);
+        }
         self.params.mtu = handshake::path_mtu(&self.dev.addr, &reply.port);
         for (q, qpn) in self.qps.iter().zip(&reply.qpns) {
             q.connect(&self.dev, *qpn, &reply.port, &self.params)
@@ -505,6 +570,8 @@ impl VerbsSendComm {
             qps: &self.qps,
             cq: &self.cq,
             fifo: self.fifo.mem.as_ptr(),
+            credit_at: credit_offset(self.depth),
+            eager: self.eager.as_mut(),
         };
         self.proto.progress(&mut wire, Instant::now())
     }
@@ -514,6 +581,8 @@ struct SendSide<'a> {
     qps: &'a [Qp],
     cq: &'a Cq,
     fifo: *const u8,
+    credit_at: usize,
+    eager: Option<&'a mut EagerOut>,
 }
 
 impl SendWire for SendSide<'_> {
@@ -547,6 +616,40 @@ impl SendWire for SendSide<'_> {
     }
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         self.cq.poll(out)
+    }
+    fn read_credit(&self) -> u64 {
+        // SAFETY: the credit word lies behind the FIFO, inside its buffer, 8-byte aligned
+        // (the buffer is a boxed slice of depth * 32 + 8 bytes); the peer's NIC writes it
+        // whole, and a stale value only delays an eager message.
+        unsafe { std::ptr::read_volatile(self.fifo.add(self.credit_at) as *const u64) }
+    }
+    fn post_eager(
+        &mut self,
+        qp: usize,
+        slot: usize,
+        src: Local,
+        tag: u32,
+        imm: u32,
+        wr_id: u64,
+    ) -> Result<()> {
+        let Some(e) = self.eager.as_deref_mut() else {
+            return Err(TransportError::Unsupported(
+                "an eager write on a connection without an eager ring".into(),
+            ));
+        };
+        // Only the header is staged (the protocol reuses a slot only after its write
+        // completed); the payload is gathered from the caller's registered buffer.
+        let off = slot * e.stride;
+        let header = Local {
+            addr: e.staging.addr() + off as u64,
+            len: EAGER_HEADER as u32,
+            lkey: e.staging.mr.lkey(),
+        };
+        let h = &mut e.staging.mem[off..off + EAGER_HEADER];
+        h[..4].copy_from_slice(&src.len.to_le_bytes());
+        h[4..8].copy_from_slice(&tag.to_le_bytes());
+        let remote = e.remote_addr + off as u64;
+        self.qps[qp].write_gather(&[header, src], remote, e.remote_rkey, Some(imm), wr_id)
     }
 }
 
@@ -686,6 +789,9 @@ struct VerbsRecvComm {
     qps: Vec<Qp>,
     cq: Cq,
     staging: OwnedMr,
+    /// The eager ring (`depth` slots of `stride` bytes) when the connection has one.
+    ring: Option<OwnedMr>,
+    stride: usize,
     /// Keeps the device open until the queue pairs, CQ and staging above are gone.
     _dev: Arc<Device>,
     peer: u32,
@@ -704,6 +810,8 @@ struct RecvSide<'a> {
     qps: &'a [Qp],
     cq: &'a Cq,
     staging: &'a mut OwnedMr,
+    ring: Option<&'a OwnedMr>,
+    stride: usize,
     fifo_addr: u64,
     fifo_rkey: u32,
 }
@@ -730,6 +838,41 @@ impl RecvWire for RecvSide<'_> {
     }
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         self.cq.poll(out)
+    }
+    fn post_credit(&mut self, released: u64, wr_id: u64) -> Result<()> {
+        let depth = (self.staging.mem.len() - 8) / CTS_LEN;
+        let off = credit_offset(depth);
+        self.staging.mem[off..off + 8].copy_from_slice(&released.to_le_bytes());
+        let local = Local {
+            addr: self.staging.addr() + off as u64,
+            len: 8,
+            lkey: self.staging.mr.lkey(),
+        };
+        self.qps[0].write(
+            local,
+            self.fifo_addr + off as u64,
+            self.fifo_rkey,
+            None,
+            wr_id,
+        )
+    }
+    fn eager_header(&self, slot: usize) -> (u32, u32) {
+        let Some(r) = self.ring else {
+            return (u32::MAX, 0);
+        };
+        let b = &r.mem[slot * self.stride..];
+        let w = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        (w(0), w(4))
+    }
+    fn eager_copy(&mut self, slot: usize, dst: u64, len: u32) {
+        let Some(r) = self.ring else {
+            return;
+        };
+        let at = slot * self.stride + EAGER_HEADER;
+        let src = &r.mem[at..at + len as usize];
+        // SAFETY: dst is the receive's registered host buffer of at least len bytes (the
+        // protocol checked len against the receive's size before copying).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
     }
 }
 
@@ -767,6 +910,8 @@ impl VerbsRecvComm {
             qps: &self.qps,
             cq: &self.cq,
             staging: &mut self.staging,
+            ring: self.ring.as_ref(),
+            stride: self.stride,
             fifo_addr: self.fifo_addr,
             fifo_rkey: self.fifo_rkey,
         };
@@ -789,6 +934,7 @@ impl RecvComm for VerbsRecvComm {
             len,
             registration.key as u32,
             tag,
+            registration.region.kind() == crate::MemoryKind::Host,
             Instant::now(),
         )?;
         self.progress()?;
