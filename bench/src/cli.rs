@@ -253,6 +253,86 @@ pub struct PerfArgs {
     /// Repeat the whole sweep N times (0: until interrupted).
     #[arg(short = 'N', long = "run_cycles", default_value_t = 1)]
     pub run_cycles: u32,
+    /// 1: per-iteration columns i_min i_max i_p99 i_cv% after each placement (host clock,
+    /// slowest rank per iteration); other values turn it off, as in nccl-tests.
+    #[arg(
+        short = 'I',
+        long = "per_iter_timing",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub per_iter_timing: i64,
+    /// Leading iterations the -I summary leaves out (0 <= K < -n; needs -I 1). The JSON
+    /// reports keep every iteration.
+    #[arg(
+        short = 'K',
+        long = "per_iter_skip",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub per_iter_skip: i64,
+    /// 1: label the time column `cputime`: nccl-tests' host time until the operations were
+    /// enqueued, which on busbw's host engine is when they completed.
+    #[arg(
+        short = 'C',
+        long = "report_cputime",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub report_cputime: i64,
+    /// 1: end each row with the time it was printed (UTC).
+    #[arg(
+        short = 'S',
+        long = "report_timestamps",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub report_timestamps: i64,
+    /// nccl-tests' legacy NULL CUDA stream (GPU only: noted and ignored on host buffers).
+    #[arg(
+        short = 'y',
+        long = "stream_null",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub stream_null: i64,
+    /// nccl-tests' CUDA graph launches (GPU only: noted and ignored on host buffers).
+    #[arg(
+        short = 'G',
+        long = "cudagraph",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub cudagraph: i64,
+    /// nccl-tests' NCCL buffer registration 0/1/2 (GPU only: noted and ignored on host
+    /// buffers; busbw's transports register buffers themselves).
+    #[arg(
+        short = 'R',
+        long = "local_register",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub local_register: i64,
+    /// nccl-tests' NCCL CTA policy (GPU only: noted and ignored on host buffers).
+    #[arg(short = 'x', long = "cta_policy", allow_negative_numbers = true)]
+    pub cta_policy: Option<i64>,
+    /// nccl-tests' device-API kernels; needs -R 2 (GPU only: noted and ignored on host
+    /// buffers).
+    #[arg(
+        short = 'D',
+        long = "device_implementation",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub device_implementation: i64,
+    /// CTAs for -D kernels (GPU only: noted and ignored on host buffers).
+    #[arg(
+        short = 'V',
+        long = "device_cta_count",
+        default_value_t = 16,
+        allow_negative_numbers = true
+    )]
+    pub device_cta_count: i64,
     /// Seconds any wait may go without progress before the rank fails naming the peer it
     /// waited for. 0 selects the default: busbw never waits forever.
     #[arg(short = 'T', long = "timeout", default_value_t = 300)]

@@ -91,11 +91,22 @@ pub fn requested(a: &ReportArgs) -> Result<Requested, String> {
     Ok(r)
 }
 
-/// The command line as recorded: values of secret flags and URL credentials are masked.
+/// The command line as recorded: the program by its name (a path to it says where one
+/// developer built it, not what was run), values of secret flags and URL credentials masked.
 pub fn redacted_args() -> Vec<String> {
+    redact(std::env::args())
+}
+
+fn redact(mut args: impl Iterator<Item = String>) -> Vec<String> {
     let mut out = Vec::new();
     let mut hide_next = false;
-    for a in std::env::args() {
+    if let Some(program) = args.next() {
+        let name = std::path::Path::new(&program)
+            .file_name()
+            .map_or(program.clone(), |n| n.to_string_lossy().into_owned());
+        out.push(name);
+    }
+    for a in args {
         if hide_next {
             out.push("***".into());
             hide_next = false;
@@ -162,6 +173,8 @@ pub fn start_record(
             timeout_s: plan.timeout.as_secs(),
             min_busbw: plan.min_busbw,
             link_rate_gbps: link_rate,
+            per_iter_skip: plan.per_iter.unwrap_or(0),
+            cputime: plan.cputime,
         },
         world: WorldRecord {
             ranks,
@@ -314,4 +327,28 @@ pub fn open<W: Write>(
         req.push,
         default_algo,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_program_is_recorded_by_name_and_secrets_are_masked() {
+        let args = [
+            "../../target/release/busbw",
+            "all_reduce_perf",
+            "--job-token",
+            "s3cret",
+            "--push-url=https://user:pw@gw:9091",
+        ];
+        assert_eq!(
+            super::redact(args.iter().map(|a| a.to_string())),
+            [
+                "busbw",
+                "all_reduce_perf",
+                "--job-token",
+                "***",
+                "--push-url=https://***@gw:9091"
+            ]
+        );
+    }
 }

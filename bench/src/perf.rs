@@ -46,6 +46,13 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
             return exit::USAGE;
         }
     };
+    // Once per job: the process a user started (one rank, or the --np launcher's rank 0).
+    let rank = std::env::var("RANK").ok();
+    if rank.as_deref() == Some("0") || (rank.is_none() && args.np <= 1) {
+        for n in &plan.notes {
+            eprintln!("busbw: note: {n}");
+        }
+    }
     if let Err(msg) = crate::verbs::preflight(args, plan.timeout) {
         eprintln!("busbw: error: {msg}");
         return exit::USAGE;
@@ -222,6 +229,12 @@ pub fn classify(e: &anyhow::Error) -> i32 {
                 CommError::Aborted { .. } | CommError::Transport { .. } => exit::PEER_FAILURE,
                 _ => exit::INTERNAL,
             };
+        }
+        if cause
+            .downcast_ref::<crate::session::FlagsDiffer>()
+            .is_some()
+        {
+            return exit::USAGE; // the fix is the command line
         }
         if cause
             .downcast_ref::<busbw_launchers::topology::SourceError>()
@@ -595,6 +608,9 @@ pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
         validation: plan.check,
         graph: 0,
         unalign: 0,
+        per_iter: plan.per_iter,
+        cputime: plan.cputime,
+        timestamps: plan.timestamps,
         devices: session.devices.clone(),
         extra_columns: if plan.algo == Algo::Auto {
             vec!["algo".into()]

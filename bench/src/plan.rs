@@ -50,6 +50,14 @@ pub struct Plan {
     pub threads: u32,
     /// `-g`: 0 for host memory, else CUDA devices per thread, one rank each.
     pub gpus: u32,
+    /// `-I 1`: per-iteration columns, with `-K` leading iterations left out of them.
+    pub per_iter: Option<u32>,
+    /// `-C 1`, `-S 1`.
+    pub cputime: bool,
+    pub timestamps: bool,
+    /// What nccl-tests' cross-checks turned off, and flags that do not apply here: one line
+    /// each, printed once before the run.
+    pub notes: Vec<String>,
 }
 
 /// Ranks one process may host (`-t × -g`). Each is an OS thread with its own communicator,
@@ -142,6 +150,7 @@ impl Plan {
             _ => Average::Mean,
         };
         let timeout = Duration::from_secs(if a.timeout == 0 { 300 } else { a.timeout });
+        let (per_iter, notes) = nccl_tests_checks(a, gpus)?;
         Ok(Plan {
             spec,
             min_bytes: a.min_bytes,
@@ -166,6 +175,10 @@ impl Plan {
             fail_rank: a.debug_fail_rank,
             threads: a.nthreads,
             gpus,
+            per_iter,
+            cputime: a.report_cputime != 0,
+            timestamps: a.report_timestamps != 0,
+            notes,
         })
     }
 
@@ -189,29 +202,156 @@ impl Plan {
         }
     }
 
-    /// What every rank must agree on; compared at rendezvous so that ranks started with
-    /// different flags (or binaries) fail at once instead of deadlocking mid-sweep.
+    /// What every rank must agree on, one `flag<TAB>value` per line; compared at rendezvous so
+    /// that ranks started with different flags (or binaries) fail at once, naming the flags,
+    /// instead of deadlocking mid-sweep.
     pub fn fingerprint(&self) -> String {
-        format!(
-            "busbw {} {:?} {} {} {:?} {} {} {} {} {:?} {:?} {} {} {} {:?} {} {}x{}",
-            env!("CARGO_PKG_VERSION"),
-            self.spec,
-            self.min_bytes,
-            self.max_bytes,
-            self.step,
-            self.iters,
-            self.warmup_iters,
-            self.agg_iters,
-            self.check,
-            self.dtypes,
-            self.ops,
-            self.root,
-            self.algo,
-            self.transport,
-            self.average,
-            self.cycles,
-            self.threads,
-            self.gpus
-        )
+        let step = match self.step {
+            Step::Factor(f) => format!("-f {f}"),
+            Step::Bytes(b) => format!("-i {b}"),
+        };
+        let names = |v: &[String]| v.join(",");
+        let dtypes: Vec<String> = self.dtypes.iter().map(|d| d.name().to_string()).collect();
+        let ops: Vec<String> = self.ops.iter().map(|o| o.name().to_string()).collect();
+        [
+            ("busbw version", env!("CARGO_PKG_VERSION").to_string()),
+            ("collective", self.spec.program.to_string()),
+            ("-b/--minbytes", self.min_bytes.to_string()),
+            ("-e/--maxbytes", self.max_bytes.to_string()),
+            ("-f/--stepfactor, -i/--stepbytes", step),
+            ("-n/--iters", self.iters.to_string()),
+            ("-w/--warmup_iters", self.warmup_iters.to_string()),
+            ("-m/--agg_iters", self.agg_iters.to_string()),
+            ("-c/--check", self.check.to_string()),
+            ("-d/--datatype", names(&dtypes)),
+            ("-o/--op", names(&ops)),
+            ("-r/--root", self.root.to_string()),
+            ("--algo", format!("{:?}", self.algo)),
+            ("--transport", self.transport.clone()),
+            ("-a/--average", format!("{:?}", self.average)),
+            ("-N/--run_cycles", self.cycles.to_string()),
+            ("-t/--nthreads", self.threads.to_string()),
+            ("-g/--ngpus", self.gpus.to_string()),
+            (
+                "-I/--per_iter_timing, -K/--per_iter_skip",
+                format!("{:?}", self.per_iter),
+            ),
+            ("-C/--report_cputime", self.cputime.to_string()),
+            ("-S/--report_timestamps", self.timestamps.to_string()),
+        ]
+        .iter()
+        .map(|(k, v)| format!("{k}\t{v}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+    }
+}
+
+/// nccl-tests' cross-checks of `-I`, `-K`, `-G`, `-D`/`-R` (the same outcomes: an error for
+/// `-D` without `-R 2`, a flag turned off with a message for the others), and a note for
+/// each flag that only means something to NCCL on GPUs. Returns `-I`'s setting (`Some(K)`).
+fn nccl_tests_checks(a: &PerfArgs, gpus: u32) -> Result<(Option<u32>, Vec<String>), String> {
+    let mut notes = Vec::new();
+    if a.device_implementation > 0 && a.local_register != 2 {
+        return Err(
+            "device implementation (-D > 0) requires enabling symmetric memory registration (-R 2)"
+                .into(),
+        );
+    }
+    let mut per_iter = a.per_iter_timing;
+    if per_iter != 0 && per_iter != 1 {
+        notes.push("per-iteration timing (-I) only supports 0=off or 1=on. Disabling.".into());
+        per_iter = 0;
+    }
+    if per_iter != 0 && a.cudagraph >= 1 {
+        notes.push(
+            "per-iteration timing (-I) is incompatible with CUDA graph mode (-G). Disabling."
+                .into(),
+        );
+        per_iter = 0;
+    }
+    let mut skip = a.per_iter_skip;
+    if skip < 0 || skip >= i64::from(a.iters) {
+        notes.push(format!(
+            "per-iteration skip (-K) must be between 0 and {}. Disabling.",
+            i64::from(a.iters) - 1
+        ));
+        skip = 0;
+    }
+    if skip != 0 && per_iter == 0 {
+        notes.push(
+            "per-iteration skip (-K) requires per-iteration timing (-I 1). Disabling.".into(),
+        );
+        skip = 0;
+    }
+    // Flags for NCCL's GPU machinery: busbw's engine has no stream, graph, NCCL registration,
+    // CTA or device kernel to apply them to.
+    let gpu_only = [
+        ("-y/--stream_null", a.stream_null != 0),
+        ("-G/--cudagraph", a.cudagraph != 0),
+        ("-R/--local_register", a.local_register != 0),
+        ("-x/--cta_policy", a.cta_policy.is_some()),
+        ("-D/--device_implementation", a.device_implementation != 0),
+        ("-V/--device_cta_count", a.device_cta_count != 16),
+    ];
+    for (flag, given) in gpu_only {
+        if given {
+            let on = if gpus > 0 {
+                "busbw's CUDA buffers (it runs no NCCL kernels)"
+            } else {
+                "host buffers"
+            };
+            notes.push(format!("{flag} does not apply to {on}; ignored"));
+        }
+    }
+    Ok(((per_iter == 1).then_some(skip as u32), notes))
+}
+
+/// The flags on which two fingerprints differ: (flag, value in `mine`, value in `theirs`).
+/// A line only one side has (another busbw version's fingerprint) counts as a difference.
+pub fn fingerprint_diff(mine: &str, theirs: &str) -> Vec<(String, String, String)> {
+    let parse = |f: &str| -> Vec<(String, String)> {
+        f.lines()
+            .map(|l| match l.split_once('\t') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (l.to_string(), String::new()),
+            })
+            .collect()
+    };
+    let (a, b) = (parse(mine), parse(theirs));
+    let get = |v: &[(String, String)], k: &str| {
+        v.iter()
+            .find(|(key, _)| key == k)
+            .map_or_else(|| "(not given)".to_string(), |(_, val)| val.clone())
+    };
+    let mut keys: Vec<String> = a.iter().map(|(k, _)| k.clone()).collect();
+    for (k, _) in &b {
+        if !keys.contains(k) {
+            keys.push(k.clone());
+        }
+    }
+    keys.into_iter()
+        .filter_map(|k| {
+            let (x, y) = (get(&a, &k), get(&b, &k));
+            (x != y).then_some((k, x, y))
+        })
+        .collect()
+}
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::fingerprint_diff;
+
+    #[test]
+    fn differences_name_the_flag_and_both_values() {
+        let a = "busbw version\t0.1.0\n-n/--iters\t20\n-b/--minbytes\t8";
+        let b = "busbw version\t0.2.0\n-n/--iters\t20\n-b/--minbytes\t64\nnew flag\tx";
+        assert_eq!(
+            fingerprint_diff(a, b),
+            [
+                ("busbw version".into(), "0.1.0".into(), "0.2.0".into()),
+                ("-b/--minbytes".into(), "8".into(), "64".into()),
+                ("new flag".into(), "(not given)".into(), "x".into()),
+            ]
+        );
+        assert!(fingerprint_diff(a, a).is_empty());
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::gpu::GpuLine;
 use crate::plan::Plan;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::store::all_gather;
 use busbw_launchers::{
@@ -257,17 +257,14 @@ impl Session {
         let mine = plan.fingerprint();
         let plans = gather("plan", mine.as_bytes())
             .context("waiting for every rank to publish its configuration")?;
-        let differ: Vec<usize> = plans
+        let differ: Vec<(usize, String)> = plans
             .iter()
             .enumerate()
             .filter(|(_, p)| *p != mine.as_bytes())
-            .map(|(r, _)| r)
+            .map(|(r, p)| (r, String::from_utf8_lossy(p).into_owned()))
             .collect();
         if !differ.is_empty() {
-            bail!(
-                "ranks {differ:?} run with different flags or another busbw version than rank {rank}; \
-                 start every rank with the same command line and binary"
-            );
+            return Err(FlagsDiffer::new(rank, &mine, &differ).into());
         }
 
         let handles: Vec<Handle> = gather("handle", &handle.0)
@@ -491,3 +488,36 @@ mod tests {
         assert_eq!(node_map(["x"; 3].into_iter()), vec![0, 0, 0]);
     }
 }
+
+/// Ranks started with different flags or binaries: a usage error (exit 2) that names each
+/// flag that differs and its value on both sides.
+#[derive(Debug)]
+pub struct FlagsDiffer(String);
+
+impl FlagsDiffer {
+    fn new(rank: usize, mine: &str, others: &[(usize, String)]) -> FlagsDiffer {
+        let ranks: Vec<usize> = others.iter().map(|(r, _)| *r).collect();
+        let mut msg = format!(
+            "ranks {ranks:?} run with different flags or another busbw version than rank {rank}:"
+        );
+        // The first few ranks are enough to see the pattern.
+        for (r, theirs) in others.iter().take(4) {
+            for (flag, here, there) in crate::plan::fingerprint_diff(mine, theirs) {
+                msg += &format!("\n  {flag}: {here} on rank {rank}, {there} on rank {r}");
+            }
+        }
+        if others.len() > 4 {
+            msg += &format!("\n  ... and {} more ranks", others.len() - 4);
+        }
+        msg += "\nstart every rank with the same command line and binary";
+        FlagsDiffer(msg)
+    }
+}
+
+impl std::fmt::Display for FlagsDiffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FlagsDiffer {}

@@ -1152,3 +1152,154 @@ fn threads_and_gpus_out_of_range_are_usage_errors() {
         }
     }
 }
+
+/// Two ranks started by hand (torchrun-style variables) with different `-n` and `-d`: both
+/// stop at rendezvous with a usage error (exit 2) that names each flag and its value on both
+/// sides, instead of an internal error.
+#[test]
+fn ranks_with_different_flags_name_the_flags() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let start = |rank: &str, extra: &[&str]| {
+        busbw()
+            .args(["all_reduce_perf", "-b", "8", "-e", "64", "-T", "30"])
+            .args(extra)
+            .env("RANK", rank)
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let r0 = start("0", &["-n", "20"]);
+    let r1 = start("1", &["-n", "50", "-d", "half"]);
+    let (o0, o1) = (
+        r0.wait_with_output().unwrap(),
+        r1.wait_with_output().unwrap(),
+    );
+    for (rank, out) in [(0, &o0), (1, &o1)] {
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "rank {rank}:\n{err}");
+        assert!(
+            err.contains("different flags"),
+            "rank {rank} says why:\n{err}"
+        );
+    }
+    let err = text(&o0.stderr);
+    assert!(
+        err.contains("-n/--iters: 20 on rank 0, 50 on rank 1"),
+        "rank 0 names -n and both values:\n{err}"
+    );
+    assert!(
+        err.contains("-d/--datatype: float on rank 0, half on rank 1"),
+        "rank 0 names -d with nccl-tests' type names:\n{err}"
+    );
+    assert!(
+        !err.contains("-b/--minbytes"),
+        "flags that agree are not listed:\n{err}"
+    );
+}
+
+/// The command line that nccl-tests scripts use (`-I 1 -J`), with `-K`, `-C`, `-S`:
+/// per-iteration columns after each placement, `cputime`, a timestamp per row, and `-J`
+/// writing `cpu_time` and the skipped iterations.
+#[test]
+fn per_iteration_timing_flags_run_as_in_nccl_tests() {
+    let dir = std::env::temp_dir().join(format!("busbw-cli-per-iter-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let out = busbw()
+        .args([
+            "all_reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+        ])
+        .args(["-n", "5", "-I", "1", "-K", "1", "-C", "1", "-S", "1", "-q"])
+        .arg("-J")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("# Per-Iteration Report: host clock timing; i_* uses max over process rows; summary skips first 1 iterations \n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  cputime   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%")
+    );
+    let data: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    assert_eq!(data.len(), 3, "{stdout}");
+    for l in &data {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // 5 preamble fields, 8 per placement, then the date and the time.
+        assert_eq!(f.len(), 5 + 8 + 8 + 2, "{l}");
+        let (min, max, p99): (f64, f64, f64) = (
+            f[9].parse().unwrap(),
+            f[10].parse().unwrap(),
+            f[11].parse().unwrap(),
+        );
+        assert!(min > 0.0 && min <= p99 && p99 <= max, "{l}");
+        assert!(
+            f[21].len() == 10 && f[22].len() == 8,
+            "a date and a time: {l}"
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = &v["results"][0];
+    assert!(r["in_place"]["cpu_time"].is_f64(), "{r}");
+    assert_eq!(r["in_place_per_iter"]["skipped_iterations"], 1, "{r}");
+    assert_eq!(
+        r["in_place_per_iter"]["times_us"].as_array().map(Vec::len),
+        Some(5)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// nccl-tests' cross-checks: `-D` without `-R 2` is an error; a bad `-I` or `-K` is turned
+/// off with its message; GPU-only flags get a one-line note and the run goes on.
+#[test]
+fn nccl_tests_cross_checks_and_gpu_only_flags() {
+    let out = busbw()
+        .args(["all_reduce_perf", "-b", "8", "-e", "8", "-D", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("requires enabling symmetric memory registration (-R 2)"));
+    let out = busbw()
+        .args(["all_reduce_perf", "-b", "8", "-e", "8", "-n", "3", "-q"])
+        .args([
+            "-I", "2", "-K", "5", "-y", "1", "-G", "1", "-R", "2", "-x", "1", "-V", "32",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for note in [
+        "per-iteration timing (-I) only supports 0=off or 1=on. Disabling.",
+        "per-iteration skip (-K) must be between 0 and 2. Disabling.",
+        "-y/--stream_null does not apply to host buffers; ignored",
+        "-G/--cudagraph does not apply to host buffers; ignored",
+        "-R/--local_register does not apply to host buffers; ignored",
+        "-x/--cta_policy does not apply to host buffers; ignored",
+        "-V/--device_cta_count does not apply to host buffers; ignored",
+    ] {
+        assert_eq!(stderr.matches(note).count(), 1, "once: {note}\n{stderr}");
+    }
+    assert!(!stdout.contains("i_min"), "-I turned off:\n{stdout}");
+}

@@ -57,6 +57,16 @@ pub struct RunHeader {
     /// Empty by default, which keeps the table byte-compatible with nccl-tests.
     #[serde(default)]
     pub extra_columns: Vec<String>,
+    /// `-I 1`: per-iteration columns after each placement; the value is `-K`, the leading
+    /// iterations their summary leaves out.
+    #[serde(default)]
+    pub per_iter: Option<u32>,
+    /// `-C 1`: the time column is labelled `cputime`.
+    #[serde(default)]
+    pub cputime: bool,
+    /// `-S 1`: each row ends with the time it was printed.
+    #[serde(default)]
+    pub timestamps: bool,
 }
 
 /// Measurements for one placement (out-of-place or in-place) of one size.

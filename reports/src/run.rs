@@ -90,6 +90,12 @@ pub struct PlanRecord {
     /// `--link-rate`, GB/s: drawn as a reference line and checked by the warnings.
     #[serde(default)]
     pub link_rate_gbps: Option<f64>,
+    /// `-K`: leading iterations the per-iteration summaries leave out (the times keep them).
+    #[serde(default)]
+    pub per_iter_skip: u32,
+    /// `-C 1`: the time is nccl-tests' `cputime` (its JSON key `cpu_time`).
+    #[serde(default)]
+    pub cputime: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

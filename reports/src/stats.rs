@@ -10,6 +10,46 @@ use hdrhistogram::Histogram;
 /// Largest value the histogram tracks: one hour in nanoseconds. Longer iterations saturate.
 const MAX_NS: u64 = 3_600_000_000_000;
 
+/// nccl-tests' `-I` summary of iteration times (its `computeIterStats`): exact order
+/// statistics, p50 `sorted[n/2]`, p95/p99 by nearest rank, population standard deviation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NcclIterSummary {
+    pub min: f64,
+    pub max: f64,
+    pub avg: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub stdev: f64,
+    /// Percent; 0 when the mean is 0.
+    pub cv_pct: f64,
+}
+
+impl NcclIterSummary {
+    /// `None` without samples.
+    pub fn of(times: &[f64]) -> Option<NcclIterSummary> {
+        let mut v = times.to_vec();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let rank = |p: usize| v[(n * p).div_ceil(100).saturating_sub(1).min(n - 1)];
+        let avg = v.iter().sum::<f64>() / n as f64;
+        let stdev = (v.iter().map(|t| (t - avg) * (t - avg)).sum::<f64>() / n as f64).sqrt();
+        Some(NcclIterSummary {
+            min: v[0],
+            max: v[n - 1],
+            avg,
+            p50: v[n / 2],
+            p95: rank(95),
+            p99: rank(99),
+            stdev,
+            cv_pct: if avg > 0.0 { stdev / avg * 100.0 } else { 0.0 },
+        })
+    }
+}
+
 impl IterStats {
     /// Statistics of `times_us` (one value per iteration); `None` without samples.
     /// `per_rank_times_us` is stored as given.

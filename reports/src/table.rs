@@ -18,11 +18,18 @@ const BW_WIDTH: usize = 6;
 #[derive(Debug)]
 pub struct TextTable<W: Write> {
     out: W,
+    /// The header's `-I`/`-K` and `-S`, which shape every row.
+    per_iter: Option<u32>,
+    timestamps: bool,
 }
 
 impl<W: Write> TextTable<W> {
     pub fn new(out: W) -> Self {
-        Self { out }
+        Self {
+            out,
+            per_iter: None,
+            timestamps: false,
+        }
     }
 
     pub fn get_ref(&self) -> &W {
@@ -38,6 +45,12 @@ impl<W: Write> TextTable<W> {
 
     pub fn into_inner(self) -> W {
         self.out
+    }
+
+    /// `-S`: now, as nccl-tests stamps rows (UTC here, local time there).
+    fn stamp(&self) -> Option<String> {
+        self.timestamps
+            .then(|| crate::clock::nccl_tests_stamp(std::time::SystemTime::now()))
     }
 
     /// Writes one complete line (without its `\n`) and flushes it.
@@ -75,9 +88,18 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
             h.graph,
             h.unalign
         ),
-        "#".to_string(),
-        "# Using devices".to_string(),
     ];
+    if let Some(skip) = h.per_iter {
+        // nccl-tests names its clock (CUDA events); busbw laps the host clock.
+        let mut l =
+            "# Per-Iteration Report: host clock timing; i_* uses max over process rows".to_string();
+        if skip > 0 {
+            l += &format!("; summary skips first {skip} iterations");
+        }
+        lines.push(l + " ");
+    }
+    lines.push("#".to_string());
+    lines.push("# Using devices".to_string());
     for d in &h.devices {
         lines.push(format!(
             "#  Rank {} Group {} Pid {} on {} device {} [{}] {}",
@@ -91,12 +113,75 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
         ));
     }
     lines.push("#".to_string());
+    if h.per_iter.is_some() {
+        lines.push(format!(
+            "# {:10}  {:12}  {:8}  {:6}  {:6}              out-of-place (+ per-iteration)                                in-place (+ per-iteration)",
+            "", "", "", "", ""
+        ));
+        let time = if h.cputime { "cputime" } else { "time" };
+        let ts = |label: &str| {
+            if h.timestamps {
+                format!(" {}", pad_left(label, TIMESTAMP_WIDTH))
+            } else {
+                " ".to_string()
+            }
+        };
+        let per_iter_line = |labels: [&str; 21], ts_label: &str| {
+            const W: [usize; 21] = [
+                10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 7, 7, 7, 7, 6, 6, 6, 7, 7, 7, 7,
+            ];
+            let f: Vec<String> = labels.iter().zip(W).map(|(l, w)| pad_left(l, w)).collect();
+            format!("# {}{}", f.join("  "), ts(ts_label))
+        };
+        lines.push(per_iter_line(
+            [
+                "size", "count", "type", "redop", "root", time, "algbw", "busbw", "#wrong",
+                "i_min", "i_max", "i_p99", "i_cv%", time, "algbw", "busbw", "#wrong", "i_min",
+                "i_max", "i_p99", "i_cv%",
+            ],
+            "timestamp",
+        ));
+        lines.push(per_iter_line(
+            [
+                "(B)",
+                "(elements)",
+                "",
+                "",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "",
+                "(us)",
+                "(us)",
+                "(us)",
+                "(%)",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "",
+                "(us)",
+                "(us)",
+                "(us)",
+                "(%)",
+            ],
+            TIMESTAMP_FORMAT,
+        ));
+        return lines;
+    }
     // "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          "
     lines.push(format!(
         "# {:10}  {:12}  {:8}  {:6}  {:6}           out-of-place                       in-place          ",
         "", "", "", "", ""
     ));
     let extra = |line: String, units: bool| {
+        let line = if h.timestamps {
+            // `%*s` at width 19 in place of the empty timestamp field.
+            let label = if units { TIMESTAMP_FORMAT } else { "timestamp" };
+            format!("{}{}", line, pad_left(label, TIMESTAMP_WIDTH))
+        } else {
+            line
+        };
         if h.extra_columns.is_empty() {
             return line;
         }
@@ -109,9 +194,10 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
         }
         l
     };
+    let time = if h.cputime { "cputime" } else { "time" };
     lines.push(extra(
         column_line(&[
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+            "size", "count", "type", "redop", "root", time, "algbw", "busbw", "#wrong", time,
             "algbw", "busbw", "#wrong",
         ]),
         false,
@@ -139,6 +225,11 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
 
 /// Width of each column appended after nccl-tests' own.
 const EXTRA_WIDTH: usize = 6;
+/// `-S`: the header's timestamp field width and the format its units line shows; rows print
+/// the time `%21s`.
+const TIMESTAMP_WIDTH: usize = 19;
+const TIMESTAMP_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
+const TIMESTAMP_ROW_WIDTH: usize = 21;
 
 /// `"# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"`
 /// with the trailing timestamp column at width 0, hence the final space.
@@ -152,16 +243,62 @@ fn column_line(labels: &[&str; 13]) -> String {
     format!("# {} ", fields.join("  "))
 }
 
-/// One data line without `\n`; public for the same reuse as [`header_lines`].
-pub fn row_line(r: &Row) -> String {
-    let mut s = format!(
+/// nccl-tests' `-I` summary of one placement: min, max, p99 (nearest rank) and CV (population
+/// standard deviation over the mean) of the iterations after the first `skip`.
+fn per_iter_cols(times_us: &[f64], skip: usize) -> String {
+    let Some(s) = crate::stats::NcclIterSummary::of(times_us.get(skip..).unwrap_or_default())
+    else {
+        return format!("  {0:>7}  {0:>7}  {0:>7}  {0:>7}", "N/A");
+    };
+    [s.min, s.max, s.p99, s.cv_pct]
+        .iter()
+        .map(|x| format!("  {}", float_str(*x, TIME_WIDTH)))
+        .collect()
+}
+
+/// A data line as [`row_line`] writes it, with `-I` columns from each placement's iteration
+/// times (`per_iter`: `-K` and the two placements' times) and `-S`'s `timestamp`.
+pub fn row_line_with(
+    r: &Row,
+    per_iter: Option<(u32, [&[f64]; 2])>,
+    timestamp: Option<&str>,
+) -> String {
+    let Some((skip, times)) = per_iter else {
+        let mut s = row_line(r);
+        if let Some(t) = timestamp {
+            s.push_str(&pad_left(t, TIMESTAMP_ROW_WIDTH));
+        }
+        return s;
+    };
+    let mut s = row_preamble(r);
+    for (cell, t) in [&r.out_of_place, &r.in_place].into_iter().zip(times) {
+        push_cell(&mut s, cell);
+        s.push_str(&per_iter_cols(t, skip as usize));
+    }
+    if let Some(t) = timestamp {
+        s.push_str(&pad_left(t, TIMESTAMP_ROW_WIDTH));
+    }
+    for v in &r.extra {
+        s.push_str("  ");
+        s.push_str(&pad_left(v, EXTRA_WIDTH));
+    }
+    s
+}
+
+fn row_preamble(r: &Row) -> String {
+    format!(
         "{}  {}  {}  {}  {}",
         pad_left(&r.size.to_string(), 12),
         pad_left(&r.count.to_string(), 12),
         pad_left(&r.dtype, 8),
         pad_left(&r.redop, 6),
         pad_left(&r.root.to_string(), 6)
-    );
+    )
+}
+
+/// One data line without `\n`; public for the same reuse as [`header_lines`].
+pub fn row_line(r: &Row) -> String {
+    let mut s = row_preamble(r);
     for cell in [&r.out_of_place, &r.in_place] {
         push_cell(&mut s, cell);
     }
@@ -248,6 +385,8 @@ pub fn busbw_average(rows: &[Row]) -> f64 {
 
 impl<W: Write> Sink for TextTable<W> {
     fn header(&mut self, h: &RunHeader) -> io::Result<()> {
+        self.per_iter = h.per_iter;
+        self.timestamps = h.timestamps;
         for l in header_lines(h) {
             self.line(&l)?;
         }
@@ -255,7 +394,31 @@ impl<W: Write> Sink for TextTable<W> {
     }
 
     fn row(&mut self, r: &Row) -> io::Result<()> {
-        self.line(&row_line(r))
+        let empty: &[f64] = &[];
+        let stamp = self.stamp();
+        let line = row_line_with(
+            r,
+            self.per_iter.map(|k| (k, [empty, empty])),
+            stamp.as_deref(),
+        );
+        self.line(&line)
+    }
+
+    fn measured(&mut self, m: &crate::run::Measured) -> io::Result<()> {
+        let times = |d: &crate::run::CellDetail| -> Vec<f64> {
+            d.iterations
+                .as_ref()
+                .map(|i| i.times_us.clone())
+                .unwrap_or_default()
+        };
+        let (oop, ip) = (times(&m.out_of_place), times(&m.in_place));
+        let stamp = self.stamp();
+        let line = row_line_with(
+            &m.row,
+            self.per_iter.map(|k| (k, [&oop[..], &ip[..]])),
+            stamp.as_deref(),
+        );
+        self.line(&line)
     }
 
     fn footer(&mut self, f: &Footer) -> io::Result<()> {

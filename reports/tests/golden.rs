@@ -43,6 +43,9 @@ fn header() -> RunHeader {
             },
         ],
         extra_columns: vec![],
+        per_iter: None,
+        cputime: false,
+        timestamps: false,
     }
 }
 
@@ -344,4 +347,64 @@ fn extra_columns_follow_the_nccl_tests_columns() {
         String::from_utf8(t.into_inner()).expect("UTF-8")
     };
     assert_eq!(lines[n - 1], format!("{}    tree", plain.trim_end()));
+}
+
+/// `-I 1 -K 1 -C 1 -S 1`: the column lines nccl-tests' `writeResultHeader` prints (its format
+/// strings through a printf oracle), the per-iteration report line after the nThread line, and
+/// rows with the four per-iteration columns of each placement computed over the iterations
+/// after the first.
+#[test]
+fn per_iteration_cputime_and_timestamp_columns() {
+    let mut h = header();
+    h.per_iter = Some(1);
+    h.cputime = true;
+    h.timestamps = true;
+    let lines = busbw_reports::table::header_lines(&h);
+    assert_eq!(
+        lines[3],
+        "# Per-Iteration Report: host clock timing; i_* uses max over process rows; summary \
+         skips first 1 iterations "
+    );
+    assert_eq!(lines[4], "#");
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 3],
+        "#                                                                 out-of-place (+ per-iteration)                                in-place (+ per-iteration)"
+    );
+    assert_eq!(
+        lines[n - 2],
+        "#       size         count      type   redop    root  cputime   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%  cputime   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%           timestamp"
+    );
+    assert_eq!(
+        lines[n - 1],
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%)     (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%)   %Y-%m-%d %H:%M:%S"
+    );
+    let r = Row {
+        size: 1024,
+        count: 256,
+        dtype: "float".into(),
+        redop: "sum".into(),
+        root: -1,
+        out_of_place: cell(12.5, 0.08, 0.08, Some(0)),
+        in_place: cell(5.0, 0.2, 0.2, Some(0)),
+        extra: vec![],
+    };
+    let line = busbw_reports::table::row_line_with(
+        &r,
+        Some((1, [&[1000.0, 10.0, 20.25][..], &[9.0, 5.0, 5.0][..]])),
+        Some("2026-12-01 22:10:15"),
+    );
+    assert_eq!(
+        line,
+        "        1024           256     float     sum      -1    12.50    0.08    0.08       0    10.00    20.25    20.25    33.88     5.00    0.20    0.20       0     5.00     5.00     5.00     0.00  2026-12-01 22:10:15"
+    );
+    // Without -I, the timestamp follows the in-place #wrong (`%21s`).
+    let plain = busbw_reports::table::row_line_with(&r, None, Some("2026-12-01 22:10:15"));
+    assert_eq!(
+        plain,
+        format!(
+            "{}  2026-12-01 22:10:15",
+            busbw_reports::table::row_line(&r)
+        )
+    );
 }

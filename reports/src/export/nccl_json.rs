@@ -110,10 +110,13 @@ fn list<T>(items: &[T], f: impl Fn(&T) -> String) -> String {
     format!("[{}]", v.join(","))
 }
 
-fn cell(c: &CellRecord) -> String {
+fn cell(c: &CellRecord, cputime: bool) -> String {
     let mut s = String::new();
     let mut o = Obj::open(&mut s);
-    o.raw("time", &double(c.time_us));
+    o.raw(
+        if cputime { "cpu_time" } else { "time" },
+        &double(c.time_us),
+    );
     o.raw("alg_bw", &double(c.algbw));
     o.raw("bus_bw", &double(c.busbw));
     o.raw(
@@ -124,18 +127,28 @@ fn cell(c: &CellRecord) -> String {
     s
 }
 
-fn per_iter(it: &IterStats) -> String {
+/// nccl-tests' `*_per_iter` object: the summary over the iterations after the first `skip`
+/// (`-K`), computed as nccl-tests computes it, and every iteration's time.
+fn per_iter(it: &IterStats, skip: u32) -> String {
     let mut s = String::new();
     let mut o = Obj::open(&mut s);
-    o.raw("skipped_iterations", "0");
-    o.raw("min_us", &double(it.min_us));
-    o.raw("max_us", &double(it.max_us));
-    o.raw("avg_us", &double(it.mean_us));
-    o.raw("p50_us", &double(it.p50_us));
-    o.raw("p95_us", &double(it.p95_us));
-    o.raw("p99_us", &double(it.p99_us));
-    o.raw("stdev_us", &double(it.stdev_us));
-    o.raw("cv_pct", &double(it.cv_pct));
+    let kept = it.times_us.get(skip as usize..).unwrap_or_default();
+    let skip = if kept.is_empty() { 0 } else { skip };
+    let sum =
+        crate::stats::NcclIterSummary::of(it.times_us.get(skip as usize..).unwrap_or_default());
+    o.raw("skipped_iterations", &skip.to_string());
+    let field = |f: fn(&crate::stats::NcclIterSummary) -> f64| {
+        sum.as_ref()
+            .map_or_else(|| "null".to_string(), |x| double(f(x)))
+    };
+    o.raw("min_us", &field(|x| x.min));
+    o.raw("max_us", &field(|x| x.max));
+    o.raw("avg_us", &field(|x| x.avg));
+    o.raw("p50_us", &field(|x| x.p50));
+    o.raw("p95_us", &field(|x| x.p95));
+    o.raw("p99_us", &field(|x| x.p99));
+    o.raw("stdev_us", &field(|x| x.stdev));
+    o.raw("cv_pct", &field(|x| x.cv_pct));
     o.raw("times_us", &list(&it.times_us, |t| double(*t)));
     if it.per_rank_times_us.len() > 1 {
         o.raw(
@@ -180,7 +193,7 @@ pub fn render(run: &RunRecord) -> String {
         c.raw("graph", "0");
         c.raw("blocking_collectives", boolean(false));
         c.raw("per_iter_timing", boolean(true));
-        c.raw("per_iter_skip", "0");
+        c.raw("per_iter_skip", &p.per_iter_skip.to_string());
         c.raw("parallel_init", boolean(false));
         c.raw(
             "devices",
@@ -210,13 +223,14 @@ pub fn render(run: &RunRecord) -> String {
         o.raw("type", &string(&r.dtype));
         o.raw("redop", &string(&r.redop));
         o.raw("root", &string(&format!("{:6}", r.root)));
-        o.raw("out_of_place", &cell(&r.out_of_place));
+        let (cpu, skip) = (p.cputime, p.per_iter_skip);
+        o.raw("out_of_place", &cell(&r.out_of_place, cpu));
         if let Some(it) = &r.out_of_place.iterations {
-            o.raw("out_of_place_per_iter", &per_iter(it));
+            o.raw("out_of_place_per_iter", &per_iter(it, skip));
         }
-        o.raw("in_place", &cell(&r.in_place));
+        o.raw("in_place", &cell(&r.in_place, cpu));
         if let Some(it) = &r.in_place.iterations {
-            o.raw("in_place_per_iter", &per_iter(it));
+            o.raw("in_place_per_iter", &per_iter(it, skip));
         }
         o.raw("actual_iterations", &p.iters.to_string());
         o.raw("experiment_name", "\"\"");
@@ -457,6 +471,8 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
             timeout_s: 0,
             min_busbw: None,
             link_rate_gbps: None,
+            per_iter_skip: 0,
+            cputime: false,
         },
         world: WorldRecord {
             ranks: devices.len(),
@@ -482,6 +498,30 @@ mod tests {
     #[test]
     fn golden() {
         sample::golden("nccl-tests.json", &render(&sample::run()));
+    }
+
+    #[test]
+    fn cputime_key_and_skipped_iterations() {
+        let mut run = sample::run();
+        run.plan.cputime = true;
+        run.plan.per_iter_skip = 2;
+        let v: serde_json::Value = serde_json::from_str(&render(&run)).unwrap();
+        assert_eq!(v["config"]["per_iter_skip"], 2);
+        let r = &v["results"][0];
+        assert!(r["out_of_place"]["cpu_time"].is_f64(), "{r}");
+        assert!(r["out_of_place"].get("time").is_none(), "{r}");
+        let it = &r["out_of_place_per_iter"];
+        assert_eq!(it["skipped_iterations"], 2);
+        // The sample's times are [20, 20, 21, 21]: the summary covers the last two.
+        assert_eq!(
+            it["times_us"].as_array().unwrap().len(),
+            4,
+            "raw times keep all"
+        );
+        assert_eq!(
+            (it["min_us"].as_f64(), it["cv_pct"].as_f64()),
+            (Some(21.0), Some(0.0))
+        );
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub fn run() -> RunRecord {
             timeout_s: 300,
             min_busbw: None,
             link_rate_gbps: Some(2.0),
+            per_iter_skip: 0,
+            cputime: false,
         },
         world: WorldRecord {
             ranks: 2,
@@ -227,6 +229,9 @@ pub fn header() -> RunHeader {
         unalign: 0,
         devices: devices(),
         extra_columns: vec![],
+        per_iter: None,
+        cputime: false,
+        timestamps: false,
     }
 }
 
