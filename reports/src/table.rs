@@ -405,17 +405,14 @@ impl<W: Write> Sink for TextTable<W> {
     }
 
     fn measured(&mut self, m: &crate::run::Measured) -> io::Result<()> {
-        let times = |d: &crate::run::CellDetail| -> Vec<f64> {
-            d.iterations
-                .as_ref()
-                .map(|i| i.times_us.clone())
-                .unwrap_or_default()
-        };
-        let (oop, ip) = (times(&m.out_of_place), times(&m.in_place));
+        fn times(d: &crate::run::CellDetail) -> &[f64] {
+            d.iterations.as_ref().map_or(&[], |i| &i.times_us[..])
+        }
         let stamp = self.stamp();
         let line = row_line_with(
             &m.row,
-            self.per_iter.map(|k| (k, [&oop[..], &ip[..]])),
+            self.per_iter
+                .map(|k| (k, [times(&m.out_of_place), times(&m.in_place)])),
             stamp.as_deref(),
         );
         self.line(&line)

@@ -367,6 +367,7 @@ impl VerbsListener {
             staging,
             ring,
             stride: EAGER_HEADER + eager,
+            credit_at: credit_offset(o.cfg.depth),
             _dev: o.dev.clone(),
             peer,
             channel: h.channel,
@@ -385,6 +386,7 @@ impl VerbsListener {
             staging: &mut comm.staging,
             ring: comm.ring.as_ref(),
             stride: comm.stride,
+            credit_at: comm.credit_at,
             fifo_addr: comm.fifo_addr,
             fifo_rkey: comm.fifo_rkey,
         };
@@ -792,6 +794,8 @@ struct VerbsRecvComm {
     /// The eager ring (`depth` slots of `stride` bytes) when the connection has one.
     ring: Option<OwnedMr>,
     stride: usize,
+    /// Where the credit word sits, in the staging buffer and behind the sender's FIFO.
+    credit_at: usize,
     /// Keeps the device open until the queue pairs, CQ and staging above are gone.
     _dev: Arc<Device>,
     peer: u32,
@@ -812,6 +816,7 @@ struct RecvSide<'a> {
     staging: &'a mut OwnedMr,
     ring: Option<&'a OwnedMr>,
     stride: usize,
+    credit_at: usize,
     fifo_addr: u64,
     fifo_rkey: u32,
 }
@@ -840,8 +845,7 @@ impl RecvWire for RecvSide<'_> {
         self.cq.poll(out)
     }
     fn post_credit(&mut self, released: u64, wr_id: u64) -> Result<()> {
-        let depth = (self.staging.mem.len() - 8) / CTS_LEN;
-        let off = credit_offset(depth);
+        let off = self.credit_at;
         self.staging.mem[off..off + 8].copy_from_slice(&released.to_le_bytes());
         let local = Local {
             addr: self.staging.addr() + off as u64,
@@ -912,6 +916,7 @@ impl VerbsRecvComm {
             staging: &mut self.staging,
             ring: self.ring.as_ref(),
             stride: self.stride,
+            credit_at: self.credit_at,
             fifo_addr: self.fifo_addr,
             fifo_rkey: self.fifo_rkey,
         };
