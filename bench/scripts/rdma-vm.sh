@@ -22,12 +22,17 @@
 # guest) and $VM_OUT, which is DIR/vm<i> on the host.
 # Environment of CMD: VM_INDEX (i), VM_COUNT (K), VM_ADDR (10.77.0.<i+1>), VM_OUT, VM_DIR (DIR,
 # shared by all guests), VM_RDMA_DEV (rxe0). /etc/hosts maps vm<j> to 10.77.0.<j+1>.
-# Results: DIR/vm<i>/{stdout,stderr,rc,console.log}; the script prints one line per guest and
-# exits 0 when every CMD exited 0, 1 when one did not, 2 on a usage error, 3 when the test bed
-# itself failed (a guest did not boot, timed out, or rxe did not come up).
+# Results: DIR/vm<i>/{stdout,stderr,rc,console.log} and DIR/l2.txt (frames the virtual network
+# dropped: taps' tx_dropped, or the multicast sockets' RcvbufErrors); the script prints one
+# line per guest and exits 0 when every CMD exited 0, 1 when one did not, 2 on a usage error,
+# 3 when the test bed itself failed (a guest did not boot, timed out, or rxe did not come up).
 #
-# The guests' L2 network is qemu's multicast socket netdev on the loopback of a network
-# namespace created for the run, so no frame reaches this machine's own interfaces. Needs root,
+# The guests' L2 network is a bridge with one tap per guest inside a network namespace created
+# for the run (qemu's multicast socket netdev on that namespace's loopback where /dev/net/tun
+# is missing), so no frame reaches this machine's own interfaces. The bridge delivers a frame
+# to its guest only, through a queue of 10000 frames; the multicast hub delivered every frame
+# to every guest through a 208 KiB socket buffer, which overflowed when a guest was
+# descheduled (0.5 % of frames with six guests on two cores), and RDMA saw the losses. Needs root,
 # qemu-system-x86, a kernel image with rdma_rxe (Debian's linux-image-amd64), busybox-static,
 # rdma-core, iproute2. The script installs nothing; `check` names what is missing.
 set -euo pipefail
@@ -35,7 +40,7 @@ set -euo pipefail
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 2; }
 fail() { echo "$PROG: $*" >&2; exit 3; }
-usage() { sed -n '2,24s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,28s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 NET=10.77.0
 
@@ -173,7 +178,12 @@ if [[ -n $RATE ]]; then
     kbit=$RATE_KBIT
     for t in ${THROTTLE//,/ }; do [[ $t == "$i" ]] && kbit=$((kbit / 2)); done
     ip link set eth0 txqueuelen 1000
-    tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$BURST" latency 50ms
+    # RoCE runs on lossless Ethernet: PFC pauses a sender, it does not drop its packets. A
+    # queue of a second at the rate holds every QP's window (rxe keeps at most 64 packets of
+    # a QP in flight), so the shaping paces RDMA traffic instead of tail-dropping bursts. A
+    # 50 ms queue dropped them, and a dropped last packet costs the requester its whole ack
+    # timeout (4.3 s at NCCL_IB_TIMEOUT=20) inside a measurement.
+    tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$BURST" latency 1s
 fi
 rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; echo bed >"$out/rc"; finish; }
 n=0
@@ -312,9 +322,25 @@ EOF
     ip -n "$RUNNING_NS" link set lo multicast on
     ip -n "$RUNNING_NS" link set lo up
     ip -n "$RUNNING_NS" route add 224.0.0.0/4 dev lo
-    local port=$((20000 + $$ % 20000))
+    local port=$((20000 + $$ % 20000)) taps=0
+    if [[ -c /dev/net/tun ]] && ip -n "$RUNNING_NS" link add br0 type bridge 2>/dev/null; then
+        taps=1
+        for ((i = 0; i < k; i++)); do
+            ip -n "$RUNNING_NS" tuntap add dev "tap$i" mode tap &&
+                ip -n "$RUNNING_NS" link set "tap$i" txqueuelen 10000 master br0 up || taps=0
+        done
+        ip -n "$RUNNING_NS" link set br0 up || taps=0
+        ((taps)) || echo "$PROG: no taps on a bridge here; the guests share a multicast socket" >&2
+    fi
     local -a pids=()
     local kernel=/boot/vmlinuz-$ver
+    netdev() {
+        if ((taps)); then
+            echo "tap,id=n0,ifname=tap$1,script=no,downscript=no"
+        else
+            echo "socket,id=n0,mcast=230.0.0.1:$port,localaddr=127.0.0.1"
+        fi
+    }
     for ((i = 0; i < k; i++)); do
         ip netns exec "$RUNNING_NS" timeout -s KILL "$timeout" \
             qemu-system-x86_64 -accel "$accel" -cpu max -m "$mem" -smp "$smp" \
@@ -324,7 +350,7 @@ EOF
             -append "console=ttyS0 quiet panic=-1 busbw_vm=$i" \
             -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
             -virtfs "local,path=$out,mount_tag=bed,security_model=none,multidevs=remap" \
-            -netdev "socket,id=n0,mcast=230.0.0.1:$port,localaddr=127.0.0.1" \
+            -netdev "$(netdev "$i")" \
             -device "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:$(printf %02x "$i")" \
             >"$out/vm$i/qemu.log" 2>&1 &
         pids+=($!)
@@ -332,6 +358,17 @@ EOF
     local bed_failed=0 cmd_failed=0 rc
     for ((i = 0; i < k; i++)); do
         wait "${pids[$i]}" || true
+    done
+    # Frames the virtual L2 network itself dropped (a guest too slow to drain its queue):
+    # losses the guests' RDMA traffic saw that no shaping explains.
+    if ((taps)); then
+        for ((i = 0; i < k; i++)); do
+            echo "tap$i tx_dropped $(ip netns exec "$RUNNING_NS" cat "/sys/class/net/tap$i/statistics/tx_dropped" 2>/dev/null)"
+        done >"$out/l2.txt"
+    else
+        ip netns exec "$RUNNING_NS" awk '/^Udp:/ { if (h) { for (f = 2; f <= NF; f++) print "udp " n[f] " " $f } else { h = 1; for (f = 2; f <= NF; f++) n[f] = $f } }' /proc/net/snmp >"$out/l2.txt" 2>/dev/null || true
+    fi
+    for ((i = 0; i < k; i++)); do
         rc=$(cat "$out/vm$i/rc" 2>/dev/null || true)
         case $rc in
         "")

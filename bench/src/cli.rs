@@ -288,6 +288,42 @@ pub struct PerfArgs {
         allow_negative_numbers = true
     )]
     pub report_timestamps: i64,
+    /// Wait after each operation: 0 no (busbw's operations complete before they return, so
+    /// 0 and 2 time the same), 1 wait and barrier after each (barrier timed), 2 wait only,
+    /// 3 barrier after each iteration, not timed.
+    #[arg(
+        short = 'z',
+        long = "blocking",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub blocking: i64,
+    /// Shift the send and receive buffers by this many elements, so that no operation
+    /// starts aligned.
+    #[arg(
+        short = 'u',
+        long = "unalign",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub unalign: i64,
+    /// 1: a memory usage line in the footer (host memory per process; device memory with -g).
+    #[arg(
+        short = 'M',
+        long = "memory",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub memory: i64,
+    /// 1: say that the ranks of a process initialise concurrently (busbw's always do: each
+    /// is its own thread that joins the job and allocates its own buffers).
+    #[arg(
+        short = 'p',
+        long = "parallel_init",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub parallel_init: i64,
     /// nccl-tests' legacy NULL CUDA stream (GPU only: noted and ignored on host buffers).
     #[arg(
         short = 'y',

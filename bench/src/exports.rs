@@ -175,6 +175,9 @@ pub fn start_record(
             link_rate_gbps: link_rate,
             per_iter_skip: plan.per_iter.unwrap_or(0),
             cputime: plan.cputime,
+            blocking: plan.blocking,
+            unalign: plan.unalign,
+            parallel_init: plan.parallel_init,
         },
         world: WorldRecord {
             ranks,

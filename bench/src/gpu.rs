@@ -155,6 +155,15 @@ impl DeviceMem {
     pub fn shifts(&self, _span: usize) -> usize {
         match *self {}
     }
+    pub fn set_unalign(&mut self, _bytes: usize) {
+        match *self {}
+    }
+    pub fn free_memory(&mut self) -> Result<u64> {
+        match *self {}
+    }
+    pub fn opened_free(&self) -> u64 {
+        match *self {}
+    }
     #[allow(clippy::too_many_arguments)]
     pub fn op(
         &mut self,
@@ -205,6 +214,10 @@ mod imp {
         expected: Option<DeviceBuffer>,
         hsend: Pinned,
         hrecv: Pinned,
+        /// `-u` in bytes: where the send and receive data start in their buffers.
+        base: usize,
+        /// Free device memory once the device was open (`-M`'s starting point).
+        opened_free: u64,
     }
 
     /// [`Fill`] on the device: each fill is a generator kernel launch. The first error is
@@ -215,6 +228,8 @@ mod imp {
         send: &'a mut DeviceBuffer,
         recv: &'a mut DeviceBuffer,
         expected: Option<&'a mut DeviceBuffer>,
+        /// `-u` in bytes, added to every send and receive offset.
+        base: usize,
         err: Option<CudaError>,
     }
 
@@ -226,36 +241,39 @@ mod imp {
         }
         /// The device and the buffer `to`, borrowed together; `None` for a missing expected
         /// buffer.
-        fn parts(&mut self, to: Buf) -> Option<(&mut Gpu, &mut DeviceBuffer)> {
-            let b = match to {
-                Buf::Send => &mut *self.send,
-                Buf::Recv => &mut *self.recv,
-                Buf::Expected => self.expected.as_deref_mut()?,
+        /// The device, the buffer `to` and where its data starts, borrowed together; `None`
+        /// for a missing expected buffer.
+        fn parts(&mut self, to: Buf) -> Option<(&mut Gpu, &mut DeviceBuffer, usize)> {
+            let (b, base) = match to {
+                Buf::Send => (&mut *self.send, self.base),
+                Buf::Recv => (&mut *self.recv, self.base),
+                Buf::Expected => (self.expected.as_deref_mut()?, 0),
             };
-            Some((&mut *self.gpu, b))
+            Some((&mut *self.gpu, b, base))
         }
     }
 
     impl Fill for DeviceFill<'_> {
         fn input(&mut self, to: Buf, off: usize, len: usize, g: Gen) {
             let d = self.dtype;
-            if let Some((gpu, b)) = self.parts(to) {
+            if let Some((gpu, b, base)) = self.parts(to) {
                 let count = len / d.size();
+                let off = base + off;
                 let r = gpu.fill_input(b, off, count, d, g.op, g.seed, g.first, g.rank, g.nranks);
                 self.keep(r);
             }
         }
         fn expected(&mut self, off: usize, len: usize, g: Gen) {
             let d = self.dtype;
-            if let Some((gpu, e)) = self.parts(Buf::Expected) {
+            if let Some((gpu, e, _)) = self.parts(Buf::Expected) {
                 let count = len / d.size();
                 let r = gpu.fill_expected(e, off, count, d, g.op, g.seed, g.first, g.nranks);
                 self.keep(r);
             }
         }
         fn zero(&mut self, to: Buf, off: usize, len: usize) {
-            if let Some((gpu, b)) = self.parts(to) {
-                let r = gpu.zero(b, off, len);
+            if let Some((gpu, b, base)) = self.parts(to) {
+                let r = gpu.zero(b, base + off, len);
                 self.keep(r);
             }
         }
@@ -332,6 +350,7 @@ mod imp {
             let (send, recv) = (gpu.alloc(1)?, gpu.alloc(1)?);
             let (hsend, hrecv) = (gpu.alloc_pinned(1)?, gpu.alloc_pinned(1)?);
             let info = gpu.info().clone();
+            let opened_free = gpu.free_memory()?;
             Ok(DeviceMem {
                 dev: Some(Box::new(CudaOffload::new(gpu))),
                 info,
@@ -341,7 +360,24 @@ mod imp {
                 expected: None,
                 hsend,
                 hrecv,
+                base: 0,
+                opened_free,
             })
+        }
+
+        /// `-u`: the send and receive data start `bytes` into their buffers (which the
+        /// harness reserved that much larger).
+        pub fn set_unalign(&mut self, bytes: usize) {
+            self.base = bytes;
+        }
+
+        /// Free device memory now (nccl-tests' `-M` takes differences of it).
+        pub fn free_memory(&mut self) -> Result<u64> {
+            Ok(detached(&mut self.dev)?.free_memory()?)
+        }
+
+        pub fn opened_free(&self) -> u64 {
+            self.opened_free
         }
 
         pub fn line(&self) -> GpuLine {
@@ -413,9 +449,7 @@ mod imp {
 
         /// Buffer-offset rotations that fit (as the host path computes them).
         pub fn shifts(&self, span: usize) -> usize {
-            self.send
-                .len()
-                .max(self.recv.len())
+            (self.send.len().max(self.recv.len()) - self.base)
                 .checked_div(span)
                 .unwrap_or(1)
                 .max(1)
@@ -437,8 +471,8 @@ mod imp {
         ) -> Result<Option<f64>> {
             let (sb, rb) = (ctx.counts.send_bytes, ctx.counts.recv_bytes);
             let span = sb.max(rb);
-            let soff = soff.min(self.send.len().saturating_sub(sb));
-            let roff = roff.min(self.recv.len().saturating_sub(span));
+            let soff = (self.base + soff).min(self.send.len().saturating_sub(sb));
+            let roff = (self.base + roff).min(self.recv.len().saturating_sub(span));
             let Some(mut dev) = self.dev.take() else {
                 anyhow::bail!("the device is still attached to the communicator");
             };
@@ -504,13 +538,14 @@ mod imp {
             let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
             // The device holds the truth; the twins are only staging.
             let gpu = detached(&mut self.dev)?;
-            gpu.zero(&mut self.recv, 0, span)?;
+            gpu.zero(&mut self.recv, self.base, span)?;
             let mut f = DeviceFill {
                 gpu,
                 dtype: ctx.dtype,
                 send: &mut self.send,
                 recv: &mut self.recv,
                 expected: self.expected.as_mut(),
+                base: self.base,
                 err: None,
             };
             init(ctx, &mut f);
@@ -520,7 +555,7 @@ mod imp {
             self.op(comm, run, ctx, 0, 0, false)?;
             let gpu = detached(&mut self.dev)?;
             if corrupt && !checked.is_empty() {
-                let at = checked.start;
+                let at = self.base + checked.start;
                 let mut b = [0u8];
                 gpu.download(&mut b, &self.recv, at)?;
                 b[0] ^= 0x01;
@@ -533,7 +568,7 @@ mod imp {
             let es = ctx.dtype.size();
             Ok(gpu.count_wrong(
                 &self.recv,
-                checked.start,
+                self.base + checked.start,
                 de,
                 0,
                 elen / es,

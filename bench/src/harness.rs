@@ -7,8 +7,15 @@
 //! Each timed iteration (`-m` ops) is also lapped on the same clock, so rows carry
 //! per-iteration statistics (nccl-tests' `-I`) at the cost of one clock read per iteration;
 //! the row's time is still the whole loop divided by `iters × agg`, as nccl-tests computes it.
+//!
+//! `-z`: busbw's operations return when this rank's part is complete, which is what
+//! nccl-tests' wait after each operation gives, so modes 0 and 2 time the same loop; 1 adds
+//! a barrier after each operation (timed), 3 a barrier after each iteration (not timed: the
+//! time is the sum of the iterations). `-u` starts the send and receive data that many
+//! elements into their buffers, which are allocated 8 bytes per element larger.
 
 use crate::gpu::DeviceMem;
+use crate::memory;
 use crate::plan::{Average, Plan};
 use crate::specs::{Counts, DataCtx, HostFill, Redop};
 use anyhow::{Context, Result};
@@ -16,7 +23,7 @@ use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
 use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, HostBuffer, ReduceOp};
 use busbw_reports::run::IterStats;
-use busbw_reports::{Cell, CellDetail, Measured, Row, Sink};
+use busbw_reports::{Cell, CellDetail, Measured, MemoryUsage, Row, Sink};
 use std::time::Instant;
 
 /// What the footer needs.
@@ -26,6 +33,8 @@ pub struct Summary {
     pub out_of_bounds: u64,
     pub busbw_sum: f64,
     pub busbw_cells: u64,
+    /// `-M`: the memory each phase took (the largest over the job); `None` without `-M`.
+    pub memory: Option<MemoryUsage>,
 }
 
 impl Summary {
@@ -43,6 +52,112 @@ struct Buffers {
     send: HostBuffer,
     recv: HostBuffer,
     expected: Option<HostBuffer>,
+    /// `-u` in bytes of the current type: where the send and receive data start.
+    base: usize,
+}
+
+impl Buffers {
+    fn recv(&mut self) -> &mut [u8] {
+        &mut self.recv.as_mut_slice()[self.base..]
+    }
+    /// The send and receive data, and the whole expected buffer, borrowed together.
+    fn fill(&mut self, dtype: DataType, expected: bool) -> HostFill<'_> {
+        HostFill {
+            dtype,
+            send: &mut self.send.as_mut_slice()[self.base..],
+            recv: &mut self.recv.as_mut_slice()[self.base..],
+            expected: match (expected, self.expected.as_mut()) {
+                (true, Some(e)) => Some(e.as_mut_slice()),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// `-z`: what follows an operation or an iteration in the timed loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blocking {
+    /// 0 and 2: nothing beyond the operation's own completion.
+    Off,
+    /// 1: a barrier after each operation, inside the timed loop.
+    EachOp,
+    /// 3: a barrier after each iteration, outside the time.
+    EachIter,
+}
+
+impl Blocking {
+    fn of(plan: &Plan) -> Blocking {
+        match plan.blocking {
+            1 => Blocking::EachOp,
+            3 => Blocking::EachIter,
+            _ => Blocking::Off,
+        }
+    }
+}
+
+/// The timed loop's clock: iteration laps and the loop's total, which with `-z 3` leaves
+/// out the barriers between iterations.
+struct Clock {
+    blocking: Blocking,
+    agg: usize,
+    /// The time source (a fake one in tests).
+    now: fn() -> Instant,
+    start: Instant,
+    lap_start: Instant,
+    timed: f64,
+    laps: Vec<f64>,
+}
+
+impl Clock {
+    fn start(plan: &Plan) -> Clock {
+        Clock::with(Blocking::of(plan), plan.agg_iters, plan.iters, Instant::now)
+    }
+
+    fn with(blocking: Blocking, agg: u32, iters: u32, now: fn() -> Instant) -> Clock {
+        let t = now();
+        Clock {
+            blocking,
+            agg: agg.max(1) as usize,
+            now,
+            start: t,
+            lap_start: t,
+            timed: 0.0,
+            laps: Vec::with_capacity(iters as usize),
+        }
+    }
+
+    /// After operation `k` (0-based) of the loop: the barriers `-z` asks for, and a lap at
+    /// the end of each iteration.
+    fn after_op(&mut self, comm: &mut Communicator, k: usize) -> Result<()> {
+        self.after_op_with(k, || barrier(comm).map_err(Into::into))
+    }
+
+    fn after_op_with(&mut self, k: usize, mut barrier: impl FnMut() -> Result<()>) -> Result<()> {
+        if self.blocking == Blocking::EachOp {
+            barrier()?;
+        }
+        if (k + 1) % self.agg == 0 {
+            let now = (self.now)();
+            let lap = (now - self.lap_start).as_secs_f64();
+            self.laps.push(lap / self.agg as f64);
+            self.lap_start = now;
+            if self.blocking == Blocking::EachIter {
+                self.timed += lap;
+                barrier()?;
+                self.lap_start = (self.now)();
+            }
+        }
+        Ok(())
+    }
+
+    /// Seconds per operation.
+    fn per_op(&self, total_ops: usize) -> f64 {
+        let secs = match self.blocking {
+            Blocking::EachIter => self.timed,
+            _ => ((self.now)() - self.start).as_secs_f64(),
+        };
+        secs / total_ops as f64
+    }
 }
 
 fn alloc(bytes: usize, what: &str, rank: usize) -> Result<HostBuffer> {
@@ -77,18 +192,27 @@ pub fn run_with(
     }
     // In place, one buffer holds the larger of the two layouts.
     let max_recv = max_recv.max(max_send);
+    // Room for -u of the widest type (nccl-tests pads by 8 bytes per element of shift).
+    let pad = 8 * plan.unalign as usize;
+    let mut meter = Meter::start(plan, dev.as_deref_mut())?;
     let mut bufs = Buffers {
-        send: alloc(max_send, "send", rank)?,
-        recv: alloc(max_recv, "receive", rank)?,
+        send: alloc(max_send + pad, "send", rank)?,
+        recv: alloc(max_recv + pad, "receive", rank)?,
         expected: if plan.check > 0 {
             Some(alloc(max_recv, "expected-result", rank)?)
         } else {
             None
         },
+        base: 0,
     };
     if let Some(d) = dev.as_deref_mut() {
-        d.reserve(max_send, max_recv, plan.check > 0)
+        d.reserve(max_send + pad, max_recv + pad, plan.check > 0)
             .with_context(|| format!("rank {rank}: device buffers"))?;
+    }
+    if let Some(m) = meter.as_mut() {
+        let host = (bufs.send.len() + bufs.recv.len()) as u64
+            + bufs.expected.as_ref().map_or(0, |e| e.len() as u64);
+        m.allocated(comm, plan, host, dev.as_deref_mut())?;
     }
     let mut summary = Summary::default();
     let mut seed = 0u64;
@@ -120,7 +244,92 @@ pub fn run_with(
             }
         }
     }
+    if let Some(m) = meter {
+        summary.memory = Some(m.finish(comm, dev)?);
+    }
     Ok(summary)
+}
+
+/// `-M`: the memory figures at each phase boundary (see `memory.rs`).
+struct Meter {
+    /// Host: resident bytes; device: free bytes, at the start of the phase being measured.
+    joined: u64,
+    initialization: i64,
+    user_allocated: i64,
+    ready: u64,
+}
+
+impl Meter {
+    /// Before the buffers are allocated: the job is joined.
+    fn start(plan: &Plan, dev: Option<&mut DeviceMem>) -> Result<Option<Meter>> {
+        if !plan.memory_report {
+            return Ok(None);
+        }
+        let (joined, initialization) = match dev {
+            Some(d) => {
+                let free = d.free_memory()?;
+                (free, d.opened_free() as i64 - free as i64)
+            }
+            None => {
+                let now = memory::resident();
+                (now, now as i64 - memory::start() as i64)
+            }
+        };
+        Ok(Some(Meter {
+            joined,
+            initialization,
+            user_allocated: 0,
+            ready: 0,
+        }))
+    }
+
+    /// After the buffers are allocated (`host` bytes of this rank's host buffers). With
+    /// several ranks per process, the resident memory is theirs together: a barrier lets
+    /// every rank allocate first, and the process's buffers are counted exactly.
+    fn allocated(
+        &mut self,
+        comm: &mut Communicator,
+        plan: &Plan,
+        host: u64,
+        dev: Option<&mut DeviceMem>,
+    ) -> Result<()> {
+        match dev {
+            Some(d) => {
+                self.ready = d.free_memory()?;
+                self.user_allocated = self.joined as i64 - self.ready as i64;
+            }
+            None => {
+                barrier(comm).context("barrier after allocating the buffers")?;
+                self.ready = memory::resident();
+                let process = host as i64 * plan.ranks_per_process() as i64;
+                self.user_allocated = process;
+                // Whatever else arrived since the job was joined (other ranks' joins on this
+                // process's threads) belongs to initialisation.
+                self.initialization += self.ready as i64 - self.joined as i64 - process;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the sweep: what the collectives kept (staging, connections, registrations),
+    /// then the largest figures over the job.
+    fn finish(self, comm: &mut Communicator, dev: Option<&mut DeviceMem>) -> Result<MemoryUsage> {
+        let (kind, collective) = match dev {
+            Some(d) => ("GPU", self.ready as i64 - d.free_memory()? as i64),
+            None => {
+                barrier(comm).context("barrier before measuring memory")?;
+                ("Host", memory::resident() as i64 - self.ready as i64)
+            }
+        };
+        let mut v = [self.initialization, self.user_allocated, collective];
+        all_reduce_values(comm, &mut v, ReduceOp::Max).context("combining -M's figures")?;
+        Ok(MemoryUsage {
+            kind: kind.into(),
+            initialization: v[0],
+            user_allocated: v[1],
+            collective: v[2],
+        })
+    }
 }
 
 /// What one sweep runs.
@@ -168,18 +377,22 @@ fn sweep(
         model,
     };
     barrier(comm).context("barrier before the sweep")?;
+    // -u shifts by elements of this sweep's type, as nccl-tests moves its pointers per type.
+    st.bufs.base = plan.unalign as usize * dtype.size();
+    if let Some(d) = st.dev.as_deref_mut() {
+        d.set_unalign(st.bufs.base);
+    }
     for &size in &plan.warmup_sizes {
         let ctx = ctx_for((spec.counts)(size, dtype, n), 0, false);
         for _ in 0..plan.warmup_iters {
             match st.dev.as_deref_mut() {
                 Some(d) => d.op(comm, spec.run, &ctx, 0, 0, false).map(|_| ()),
-                None => (spec.run)(
-                    comm,
-                    st.bufs.send.as_slice(),
-                    st.bufs.recv.as_mut_slice(),
-                    &ctx,
-                )
-                .map_err(Into::into),
+                None => {
+                    let b = &mut *st.bufs;
+                    let send = &b.send.as_slice()[b.base..];
+                    let recv = &mut b.recv.as_mut_slice()[b.base..];
+                    (spec.run)(comm, send, recv, &ctx).map_err(Into::into)
+                }
             }
             .with_context(|| format!("warmup at {size} bytes"))?;
         }
@@ -258,66 +471,48 @@ fn bench(
     } = ctx.counts;
     let span = send_bytes.max(recv_bytes);
     if plan.check > 0 {
-        let mut f = HostFill {
-            dtype: ctx.dtype,
-            send: bufs.send.as_mut_slice(),
-            recv: bufs.recv.as_mut_slice(),
-            expected: None,
-        };
-        (spec.init)(ctx, &mut f);
+        (spec.init)(ctx, &mut bufs.fill(ctx.dtype, false));
     }
     // One untimed op (connections, page faults, caches), then line everyone up.
-    (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), ctx)?;
+    let send = &bufs.send.as_slice()[bufs.base..];
+    let recv = &mut bufs.recv.as_mut_slice()[bufs.base..];
+    (spec.run)(comm, send, recv, ctx)?;
     barrier(comm)?;
 
     // Rotate the buffer offset across iterations, as nccl-tests does, so that small sizes
     // do not run from cache and pointer-reuse races would surface.
-    let shifts = bufs
-        .send
+    let shifts = send
         .len()
-        .max(bufs.recv.len())
+        .max(recv.len())
         .checked_div(span)
         .unwrap_or(1)
         .max(1);
-    let (iters, agg) = (plan.iters as usize, plan.agg_iters as usize);
-    let total_ops = iters * agg;
-    let mut laps = Vec::with_capacity(iters);
-    let start = Instant::now();
-    let mut lap_start = start;
+    let total_ops = plan.iters as usize * plan.agg_iters as usize;
+    let mut clock = Clock::start(plan);
     for k in 0..total_ops {
         let off = span * (k % shifts);
-        let send = bufs.send.as_slice();
         let s = &send[off.min(send.len().saturating_sub(send_bytes))..];
-        let recv = bufs.recv.as_mut_slice();
         let roff = off.min(recv.len().saturating_sub(span));
         (spec.run)(comm, s, &mut recv[roff..], ctx)?;
-        if (k + 1) % agg == 0 {
-            let now = Instant::now();
-            laps.push((now - lap_start).as_secs_f64() / agg as f64);
-            lap_start = now;
-        }
+        clock.after_op(comm, k)?;
     }
-    let secs = start.elapsed().as_secs_f64() / total_ops as f64;
-    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
+    let secs = clock.per_op(total_ops);
+    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &clock.laps)?;
 
     let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
-        bufs.recv.as_mut_slice()[..span].fill(0);
-        let mut f = HostFill {
-            dtype: ctx.dtype,
-            send: bufs.send.as_mut_slice(),
-            recv: bufs.recv.as_mut_slice(),
-            expected: bufs.expected.as_mut().map(|e| e.as_mut_slice()),
-        };
-        (spec.init)(vctx, &mut f);
-        (spec.run)(comm, bufs.send.as_slice(), bufs.recv.as_mut_slice(), vctx)?;
+        bufs.recv()[..span].fill(0);
+        (spec.init)(vctx, &mut bufs.fill(ctx.dtype, true));
+        let send = &bufs.send.as_slice()[bufs.base..];
+        let recv = &mut bufs.recv.as_mut_slice()[bufs.base..];
+        (spec.run)(comm, send, recv, vctx)?;
         if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
-            bufs.recv.as_mut_slice()[checked.start] ^= 0x01;
+            recv[checked.start] ^= 0x01;
         }
         Ok(match &bufs.expected {
             Some(e) => count_wrong(
                 ctx.dtype,
                 ctx.op,
-                &bufs.recv.as_slice()[checked.clone()],
+                &recv[checked.clone()],
                 &e.as_slice()[..checked.len()],
             ),
             None => 0,
@@ -344,20 +539,22 @@ fn bench_device(
     dev.op(comm, spec.run, ctx, 0, 0, false)?;
     barrier(comm)?;
     let shifts = dev.shifts(span);
-    let (iters, agg) = (plan.iters as usize, plan.agg_iters as usize);
-    let total_ops = iters * agg;
-    let mut laps = Vec::with_capacity(iters);
+    let agg = plan.agg_iters as usize;
+    let total_ops = plan.iters as usize * agg;
+    // The host clock gives the row's time (and -z's barriers); the laps are CUDA events.
+    let mut clock = Clock::start(plan);
+    let mut laps = Vec::with_capacity(plan.iters as usize);
     let mut lap = 0.0;
-    let start = Instant::now();
     for k in 0..total_ops {
         let off = span * (k % shifts);
         lap += dev.op(comm, spec.run, ctx, off, off, true)?.unwrap_or(0.0);
+        clock.after_op(comm, k)?;
         if (k + 1) % agg == 0 {
             laps.push(lap / agg as f64);
             lap = 0.0;
         }
     }
-    let secs = start.elapsed().as_secs_f64() / total_ops as f64;
+    let secs = clock.per_op(total_ops);
     let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
     let corrupt = plan.corrupt_rank == Some(ctx.rank);
     let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
@@ -478,4 +675,126 @@ fn spread(comm: &mut Communicator, mean_s: f64, laps: &[f64]) -> Result<CellDeta
             None
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    thread_local! {
+        /// The fake clock's reading, as an offset from a fixed instant.
+        static FAKE: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+    fn fake_now() -> Instant {
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        *BASE.get_or_init(Instant::now) + FAKE.with(|f| f.get())
+    }
+    fn advance(d: Duration) {
+        FAKE.with(|f| f.set(f.get() + d));
+    }
+
+    /// 3 iterations of 2 operations, each operation 10 ms and each barrier 1 s on a fake
+    /// clock: returns (seconds per operation, laps, barriers run).
+    fn run(blocking: Blocking) -> (f64, Vec<f64>, usize) {
+        let (iters, agg) = (3u32, 2u32);
+        let mut clock = Clock::with(blocking, agg, iters, fake_now);
+        let mut barriers = 0;
+        for k in 0..(iters * agg) as usize {
+            advance(Duration::from_millis(10));
+            clock
+                .after_op_with(k, || {
+                    barriers += 1;
+                    advance(Duration::from_secs(1));
+                    Ok(())
+                })
+                .unwrap();
+        }
+        (clock.per_op((iters * agg) as usize), clock.laps, barriers)
+    }
+
+    #[test]
+    fn blocking_modes_put_their_barriers_inside_or_outside_the_time() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // -z 0/2: no barrier; each iteration's lap is its operations' mean.
+        let (t, laps, b) = run(Blocking::Off);
+        assert_eq!(b, 0);
+        assert!(close(t, 0.010), "{t}");
+        assert!(
+            laps.len() == 3 && laps.iter().all(|&l| close(l, 0.010)),
+            "{laps:?}"
+        );
+        // -z 1: a barrier after every operation, timed.
+        let (t, laps, b) = run(Blocking::EachOp);
+        assert_eq!(b, 6);
+        assert!(close(t, 1.010), "{t}");
+        assert!(laps.iter().all(|&l| close(l, 1.010)), "{laps:?}");
+        // -z 3: a barrier after every iteration, left out of the time and the laps.
+        let (t, laps, b) = run(Blocking::EachIter);
+        assert_eq!(b, 3);
+        assert!(close(t, 0.010), "{t}");
+        assert!(laps.iter().all(|&l| close(l, 0.010)), "{laps:?}");
+    }
+
+    /// Where the spy saw each operation's send and receive data start, modulo 64.
+    static SEEN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+    fn spy(
+        comm: &mut Communicator,
+        send: &[u8],
+        recv: &mut [u8],
+        ctx: &DataCtx,
+    ) -> Result<(), busbw_collectives::CommError> {
+        let at = (send.as_ptr() as usize % 64, recv.as_ptr() as usize % 64);
+        SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(at);
+        let real = crate::specs::find("all_reduce").unwrap();
+        (real.run)(comm, send, recv, ctx)
+    }
+
+    #[test]
+    fn unalign_shifts_every_operation_by_whole_elements_and_still_validates() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "busbw",
+            "all_reduce_perf",
+            "-b",
+            "64",
+            "-e",
+            "256",
+            "-f",
+            "2",
+            "-n",
+            "3",
+            "-u",
+            "3",
+            "-d",
+            "float",
+        ])
+        .unwrap();
+        let real = crate::specs::find("all_reduce").unwrap();
+        let spec: &'static crate::specs::CollectiveSpec =
+            Box::leak(Box::new(crate::specs::CollectiveSpec { run: spy, ..*real }));
+        let plan = Plan::new(spec, cli.command.args().unwrap()).unwrap();
+        assert_eq!(plan.unalign, 3);
+        let comms = busbw_collectives::testing::thread_world(
+            2,
+            busbw_collectives::testing::ThreadTransport::Inproc,
+            Default::default(),
+        )
+        .unwrap();
+        let sums = busbw_collectives::testing::run_threads(comms, |c| {
+            super::run(c, &plan, None).map(|s| s.out_of_bounds)
+        });
+        for s in sums {
+            assert_eq!(s.unwrap(), 0, "validation fails on shifted buffers");
+        }
+        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        // Warmup, untimed, timed and validation operations, 2 ranks, 3 sizes, 2 placements.
+        assert!(seen.len() > 30, "{}", seen.len());
+        // 3 floats: 12 bytes past the 4 KiB-aligned buffers, and rotations move by the
+        // size (a multiple of 64).
+        assert!(seen.iter().all(|&at| at == (12, 12)), "{seen:?}");
+    }
 }

@@ -9,6 +9,7 @@ mod exports;
 mod gpu;
 mod harness;
 mod k8s;
+mod memory;
 mod perf;
 mod plan;
 mod report_cmd;
@@ -23,6 +24,7 @@ mod verbs;
 use clap::Parser;
 
 fn main() {
+    memory::mark_start();
     let cli = cli::Cli::parse();
     if let cli::Command::Tiers(t) = &cli.command {
         std::process::exit(tiers::main(t));

@@ -607,10 +607,12 @@ pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
         agg_iters: plan.agg_iters,
         validation: plan.check,
         graph: 0,
-        unalign: 0,
+        unalign: plan.unalign,
         per_iter: plan.per_iter,
         cputime: plan.cputime,
         timestamps: plan.timestamps,
+        blocking: plan.blocking,
+        parallel_init: plan.parallel_init,
         devices: session.devices.clone(),
         extra_columns: if plan.algo == Algo::Auto {
             vec!["algo".into()]
@@ -628,5 +630,6 @@ pub fn footer(plan: &Plan, summary: &harness::Summary) -> Footer {
         avg_busbw: summary.avg_busbw(),
         min_busbw: plan.min_busbw,
         error: None,
+        memory: summary.memory.clone(),
     }
 }

@@ -55,10 +55,22 @@ pub struct Plan {
     /// `-C 1`, `-S 1`.
     pub cputime: bool,
     pub timestamps: bool,
+    /// `-z`: 0-3, nccl-tests' blocking modes (see `harness::Blocking`).
+    pub blocking: u8,
+    /// `-u`: elements by which the send and receive buffers are shifted.
+    pub unalign: u32,
+    /// `-M 1`: the memory usage line in the footer.
+    pub memory_report: bool,
+    /// `-p 1`: only the header line; busbw's ranks always initialise concurrently.
+    pub parallel_init: bool,
     /// What nccl-tests' cross-checks turned off, and flags that do not apply here: one line
     /// each, printed once before the run.
     pub notes: Vec<String>,
 }
+
+/// Largest `-u`: a shift is an offset into buffers padded by 8 bytes per element of it (the
+/// widest type), so a typo of a huge count would only allocate memory for nothing.
+pub const MAX_UNALIGN: i64 = 1 << 20;
 
 /// Ranks one process may host (`-t × -g`). Each is an OS thread with its own communicator,
 /// listener, store connections and buffers; far past any node's GPU count, it only catches a
@@ -150,7 +162,13 @@ impl Plan {
             _ => Average::Mean,
         };
         let timeout = Duration::from_secs(if a.timeout == 0 { 300 } else { a.timeout });
-        let (per_iter, notes) = nccl_tests_checks(a, gpus)?;
+        let (per_iter, blocking, notes) = nccl_tests_checks(a, gpus)?;
+        if !(0..=MAX_UNALIGN).contains(&a.unalign) {
+            return Err(format!(
+                "-u {}: the shift is a count of elements from 0 to {MAX_UNALIGN}",
+                a.unalign
+            ));
+        }
         Ok(Plan {
             spec,
             min_bytes: a.min_bytes,
@@ -178,6 +196,10 @@ impl Plan {
             per_iter,
             cputime: a.report_cputime != 0,
             timestamps: a.report_timestamps != 0,
+            blocking,
+            unalign: a.unalign as u32,
+            memory_report: a.memory != 0,
+            parallel_init: a.parallel_init != 0,
             notes,
         })
     }
@@ -238,6 +260,10 @@ impl Plan {
             ),
             ("-C/--report_cputime", self.cputime.to_string()),
             ("-S/--report_timestamps", self.timestamps.to_string()),
+            ("-z/--blocking", self.blocking.to_string()),
+            ("-u/--unalign", self.unalign.to_string()),
+            ("-M/--memory", self.memory_report.to_string()),
+            ("-p/--parallel_init", self.parallel_init.to_string()),
         ]
         .iter()
         .map(|(k, v)| format!("{k}\t{v}"))
@@ -246,11 +272,29 @@ impl Plan {
     }
 }
 
-/// nccl-tests' cross-checks of `-I`, `-K`, `-G`, `-D`/`-R` (the same outcomes: an error for
-/// `-D` without `-R 2`, a flag turned off with a message for the others), and a note for
-/// each flag that only means something to NCCL on GPUs. Returns `-I`'s setting (`Some(K)`).
-fn nccl_tests_checks(a: &PerfArgs, gpus: u32) -> Result<(Option<u32>, Vec<String>), String> {
+/// nccl-tests' cross-checks of `-I`, `-K`, `-z`, `-G`, `-D`/`-R` (the same outcomes: an
+/// error for `-D` without `-R 2`, a flag turned off with a message for the others), and a note
+/// for each flag that only means something to NCCL on GPUs. Returns `-I`'s setting
+/// (`Some(K)`) and `-z`'s.
+fn nccl_tests_checks(a: &PerfArgs, gpus: u32) -> Result<(Option<u32>, u8, Vec<String>), String> {
     let mut notes = Vec::new();
+    // nccl-tests takes any number and acts on 1, 2 and 3 (other values wait without a
+    // header line saying so); busbw refuses what it would not explain.
+    let mut blocking = match a.blocking {
+        0..=3 => a.blocking as u8,
+        z => {
+            return Err(format!(
+                "-z {z}: blocking mode is 0 (off), 1 (wait and barrier after each operation), \
+                 2 (wait only) or 3 (barrier after each iteration, not timed)"
+            ))
+        }
+    };
+    if blocking == 3 && a.cudagraph >= 1 {
+        notes.push(
+            "blocking mode (-z 3) is incompatible with CUDA graph mode (-G). Disabling.".into(),
+        );
+        blocking = 0;
+    }
     if a.device_implementation > 0 && a.local_register != 2 {
         return Err(
             "device implementation (-D > 0) requires enabling symmetric memory registration (-R 2)"
@@ -303,7 +347,7 @@ fn nccl_tests_checks(a: &PerfArgs, gpus: u32) -> Result<(Option<u32>, Vec<String
             notes.push(format!("{flag} does not apply to {on}; ignored"));
         }
     }
-    Ok(((per_iter == 1).then_some(skip as u32), notes))
+    Ok(((per_iter == 1).then_some(skip as u32), blocking, notes))
 }
 
 /// The flags on which two fingerprints differ: (flag, value in `mine`, value in `theirs`).

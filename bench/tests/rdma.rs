@@ -913,7 +913,10 @@ fn tiers_over_verbs_name_the_throttled_guest() {
         "RANK=$VM_INDEX WORLD_SIZE={K} MASTER_ADDR=vm0 MASTER_PORT=29700 {BUSBW} tiers \
          -b 1M -e 1M -n 4 -w 1 -c 0 -T 180 --transport verbs --topology-preset oci \
          --topology-file \"$VM_DIR/labels.json\" --pairwise-size 512K --pairwise-iters 3 \
-         --export-json \"$VM_OUT/tiers.json\""
+         --export-json \"$VM_OUT/tiers.json\"; rc=$?; \
+         for c in completer_retry_err rcvd_seq_err out_of_seq_request; do \
+         echo \"rxe0 $c $(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/$c)\" >&2; done; \
+         exit $rc"
     );
     let rate = format!("{}mbit", TIER_MBIT as u32);
     let g = run_guests(
@@ -939,6 +942,16 @@ fn tiers_over_verbs_name_the_throttled_guest() {
         .map(|(i, x)| format!("--- vm{i} ({:?})\n{}{}", x.rc, x.stdout, x.stderr))
         .collect();
     eprintln!("{stdout}");
+    // Lost packets (the shaped queue is deep enough that there should be none) show here.
+    if let Some(bed) = g[0].dir.parent() {
+        let l2 = std::fs::read_to_string(bed.join("l2.txt")).unwrap_or_default();
+        eprintln!("virtual network: {}", l2.replace('\n', "; "));
+    }
+    for (i, x) in g.iter().enumerate() {
+        for l in x.stderr.lines().filter(|l| l.starts_with("rxe0 ")) {
+            eprintln!("vm{i}: {l}");
+        }
+    }
     let codes: Vec<Option<i32>> = g.iter().map(|x| x.rc).collect();
     assert!(codes.iter().all(|c| *c == codes[0]), "{codes:?}\n{all}");
     assert_eq!(codes[0], Some(7), "the verdict fails the job\n{all}");
@@ -979,7 +992,7 @@ fn tiers_over_verbs_name_the_throttled_guest() {
         let bw = grp["busbw"][0].as_f64().unwrap();
         assert!(
             (bw / want - 1.0).abs() <= 0.10,
-            "local block {nodes:?}: {bw} GB/s, shaped {want} GB/s\n{stdout}"
+            "local block {nodes:?}: {bw} GB/s, shaped {want} GB/s\n{all}"
         );
         checked += 1;
     }
@@ -1000,10 +1013,10 @@ fn tiers_over_verbs_name_the_throttled_guest() {
     let (h, s) = (median(bw(healthy)), median(bw(slow)));
     assert!(
         (h / want - 1.0).abs() <= 0.10,
-        "healthy links {h}, shaped {want}\n{stdout}"
+        "healthy links {h}, shaped {want}\n{all}"
     );
     assert!(
         (s / (want / 2.0) - 1.0).abs() <= 0.10,
-        "vm5's links {s}\n{stdout}"
+        "vm5's links {s}\n{all}"
     );
 }

@@ -25,7 +25,7 @@ pub mod stats;
 pub mod table;
 pub mod tiers;
 
-pub use record::{Cell, DeviceInfo, Footer, Row, RunHeader, Step};
+pub use record::{Cell, DeviceInfo, Footer, MemoryUsage, Row, RunHeader, Step};
 pub use run::{CellDetail, Measured, RunRecord};
 pub use table::{busbw_average, TextTable};
 pub use tiers::TierReport;

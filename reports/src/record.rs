@@ -67,6 +67,12 @@ pub struct RunHeader {
     /// `-S 1`: each row ends with the time it was printed.
     #[serde(default)]
     pub timestamps: bool,
+    /// `-z`: nccl-tests' blocking mode (0-3); 1-3 add a header line.
+    #[serde(default)]
+    pub blocking: u8,
+    /// `-p 1`: the "Parallel Init Enabled" header line.
+    #[serde(default)]
+    pub parallel_init: bool,
 }
 
 /// Measurements for one placement (out-of-place or in-place) of one size.
@@ -115,6 +121,21 @@ pub struct Footer {
     pub min_busbw: Option<f64>,
     /// Last transport/collective error, printed as `# error: ...`.
     pub error: Option<String>,
+    /// `-M 1`: the memory usage line.
+    #[serde(default)]
+    pub memory: Option<MemoryUsage>,
+}
+
+/// nccl-tests' `-M` report: memory taken while joining the job, by the benchmark's buffers,
+/// and during the collectives, in bytes, the largest over the job's processes (or devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUsage {
+    /// What was measured: `GPU` (device memory, free-memory deltas as nccl-tests takes them)
+    /// or `Host` (resident memory of a process with host buffers).
+    pub kind: String,
+    pub initialization: i64,
+    pub user_allocated: i64,
+    pub collective: i64,
 }
 
 impl Footer {
@@ -214,6 +235,7 @@ mod tests {
             avg_busbw: avg,
             min_busbw: min,
             error: None,
+            memory: None,
         }
     }
 

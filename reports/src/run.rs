@@ -96,6 +96,15 @@ pub struct PlanRecord {
     /// `-C 1`: the time is nccl-tests' `cputime` (its JSON key `cpu_time`).
     #[serde(default)]
     pub cputime: bool,
+    /// `-z`: nccl-tests' blocking mode, 0-3.
+    #[serde(default)]
+    pub blocking: u8,
+    /// `-u`: elements the buffers were shifted by.
+    #[serde(default)]
+    pub unalign: u32,
+    /// `-p 1`.
+    #[serde(default)]
+    pub parallel_init: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

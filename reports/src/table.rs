@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use crate::fmt::{c_g, c_g_width, float_str, pad_left};
-use crate::record::{Cell, Footer, Row, RunHeader, Step};
+use crate::record::{Cell, Footer, MemoryUsage, Row, RunHeader, Step};
 use crate::Sink;
 
 /// Widths of the time and bandwidth columns in `getFloatStr` calls.
@@ -89,6 +89,20 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
             h.unalign
         ),
     ];
+    match h.blocking {
+        1 => lines.push(
+            "# Blocking Enabled: wait and barrier after each inner iteration (-m) ".to_string(),
+        ),
+        2 => lines.push(
+            "# Blocking Enabled: wait after each inner iteration (-m), no barrier ".to_string(),
+        ),
+        3 => lines.push(
+            "# Blocking Enabled: wait and barrier after each outer iteration (-n); time \
+             excludes barrier "
+                .to_string(),
+        ),
+        _ => {}
+    }
     if let Some(skip) = h.per_iter {
         // nccl-tests names its clock (CUDA events); busbw laps the host clock.
         let mut l =
@@ -97,6 +111,12 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
             l += &format!("; summary skips first {skip} iterations");
         }
         lines.push(l + " ");
+    }
+    if h.parallel_init {
+        // nccl-tests' words; busbw's ranks each join the job on their own thread.
+        lines.push(
+            "# Parallel Init Enabled: threads call into NcclInitRank concurrently ".to_string(),
+        );
     }
     lines.push("#".to_string());
     lines.push("# Using devices".to_string());
@@ -350,8 +370,11 @@ pub fn footer_lines(f: &Footer) -> Vec<String> {
         ),
         "#".to_string(),
         format!("# Collective test concluded: {}", f.program),
-        "#".to_string(),
     ];
+    if let Some(m) = &f.memory {
+        lines.push(memory_line(m));
+    }
+    lines.push("#".to_string());
     match &f.error {
         None => lines.push(String::new()),
         Some(msg) => {
@@ -364,6 +387,48 @@ pub fn footer_lines(f: &Footer) -> Vec<String> {
         }
     }
     lines
+}
+
+/// nccl-tests' memory line: each part, then the total, in 1024-based units.
+pub fn memory_line(m: &MemoryUsage) -> String {
+    let parts = [
+        ("Initialization", m.initialization),
+        ("User-Allocated", m.user_allocated),
+        ("Collective", m.collective),
+    ];
+    let listed: Vec<String> = parts
+        .iter()
+        .map(|(name, b)| format!("{name} {} ", mem_string(*b)))
+        .collect();
+    let total: i64 = parts.iter().map(|(_, b)| b).sum();
+    format!(
+        "# {:<20} : {}| Total  {}",
+        format!("{} memory usage", m.kind),
+        listed.join("| "),
+        mem_string(total)
+    )
+}
+
+/// A byte count as nccl-tests prints it: B, KB, MB or GB (1024-based), two decimals below
+/// 10, one below 100, none above.
+pub fn mem_string(bytes: i64) -> String {
+    let mut v = bytes as f64;
+    let mut unit = "B";
+    for (scale, u) in [(1u64 << 30, "GB"), (1 << 20, "MB"), (1 << 10, "KB")] {
+        if v.abs() >= scale as f64 {
+            v /= scale as f64;
+            unit = u;
+            break;
+        }
+    }
+    let decimals = if v.abs() < 10.0 {
+        2
+    } else if v.abs() < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.decimals$} {unit}")
 }
 
 /// Mean of every busbw value the table prints (both placements of every

@@ -46,6 +46,8 @@ fn header() -> RunHeader {
         per_iter: None,
         cputime: false,
         timestamps: false,
+        blocking: 0,
+        parallel_init: false,
     }
 }
 
@@ -100,6 +102,7 @@ fn footer() -> Footer {
         avg_busbw: 12.3456,
         min_busbw: None,
         error: None,
+        memory: None,
     }
 }
 
@@ -171,6 +174,7 @@ fn bytes_step_and_gated_failed_footer() {
         avg_busbw: 1_048_576.0,
         min_busbw: Some(2_000_000.0),
         error: Some("remote process exited".into()),
+        memory: None,
     };
     let want = concat!(
         "# nccl-tests version 2.19.6 busbw=0.1.0 transport=tcp\n",
@@ -407,4 +411,62 @@ fn per_iteration_cputime_and_timestamp_columns() {
             busbw_reports::table::row_line(&r)
         )
     );
+}
+
+/// `-z 3 -p 1 -M 1`: nccl-tests' header lines in its order (blocking, per-iteration, parallel
+/// init) and the memory line between "concluded" and the closing `#`, in its units.
+#[test]
+fn blocking_parallel_init_and_memory_lines() {
+    let mut h = header();
+    h.devices.clear();
+    h.blocking = 3;
+    h.parallel_init = true;
+    h.per_iter = Some(0);
+    let lines = busbw_reports::table::header_lines(&h);
+    assert_eq!(
+        lines[3..6],
+        [
+            "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier ",
+            "# Per-Iteration Report: host clock timing; i_* uses max over process rows ",
+            "# Parallel Init Enabled: threads call into NcclInitRank concurrently ",
+        ]
+    );
+    for (z, want) in [
+        (
+            1,
+            "# Blocking Enabled: wait and barrier after each inner iteration (-m) ",
+        ),
+        (
+            2,
+            "# Blocking Enabled: wait after each inner iteration (-m), no barrier ",
+        ),
+    ] {
+        h.blocking = z;
+        assert_eq!(busbw_reports::table::header_lines(&h)[3], want);
+    }
+    h.blocking = 0;
+    h.parallel_init = false;
+    h.per_iter = None;
+    assert_eq!(busbw_reports::table::header_lines(&h)[3], "#");
+
+    let f = Footer {
+        memory: Some(busbw_reports::MemoryUsage {
+            kind: "GPU".into(),
+            initialization: 1_610_612_736,
+            user_allocated: 50 * 1024 * 1024 + 512 * 1024,
+            collective: 0,
+        }),
+        ..footer()
+    };
+    let text = render(&header(), &[], &f);
+    assert!(
+        text.ends_with(
+            "# Collective test concluded: all_reduce_perf\n\
+             # GPU memory usage     : Initialization 1.50 GB | User-Allocated 50.5 MB | \
+             Collective 0.00 B | Total  1.55 GB\n#\n\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(busbw_reports::table::mem_string(300 * 1024), "300 KB");
+    assert_eq!(busbw_reports::table::mem_string(-2048), "-2.00 KB");
 }

@@ -234,6 +234,12 @@ impl Gpu {
         })
     }
 
+    /// Free memory on the device, bytes.
+    pub fn free_memory(&self) -> Result<u64, CudaError> {
+        let (free, _) = drv("reading free device memory", self.ctx.mem_get_info())?;
+        Ok(free as u64)
+    }
+
     pub fn synchronize(&self) -> Result<(), CudaError> {
         drv("waiting for the device", self.stream.synchronize())
     }

@@ -194,10 +194,10 @@ pub fn render(run: &RunRecord) -> String {
         c.raw("aggregated_iterations", &p.agg_iters.to_string());
         c.raw("validation", &p.check.to_string());
         c.raw("graph", "0");
-        c.raw("blocking_collectives", boolean(false));
+        c.raw("blocking_collectives", boolean(p.blocking != 0));
         c.raw("per_iter_timing", boolean(true));
         c.raw("per_iter_skip", &p.per_iter_skip.to_string());
-        c.raw("parallel_init", boolean(false));
+        c.raw("parallel_init", boolean(p.parallel_init));
         c.raw(
             "devices",
             &list(&run.world.devices, |d| {
@@ -291,6 +291,10 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
     // nccl-tests writes NaN as "nan".
     fn float(v: &Value) -> f64 {
         v.as_f64().unwrap_or(f64::NAN)
+    }
+    fn flag(v: &Value, k: &str) -> bool {
+        matches!(v.get(k), Some(Value::String(s)) if s == "true")
+            || matches!(v.get(k), Some(Value::Bool(true)))
     }
     fn stamp(v: &Value) -> Option<String> {
         let s = v.as_str()?;
@@ -476,6 +480,10 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
             link_rate_gbps: None,
             per_iter_skip: 0,
             cputime: false,
+            // nccl-tests writes booleans as strings; the mode itself is not recorded.
+            blocking: u8::from(flag(cfg, "blocking_collectives")),
+            unalign: 0,
+            parallel_init: flag(cfg, "parallel_init"),
         },
         world: WorldRecord {
             ranks: devices.len(),

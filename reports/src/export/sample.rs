@@ -72,6 +72,9 @@ pub fn run() -> RunRecord {
             link_rate_gbps: Some(2.0),
             per_iter_skip: 0,
             cputime: false,
+            blocking: 0,
+            unalign: 0,
+            parallel_init: false,
         },
         world: WorldRecord {
             ranks: 2,
@@ -232,6 +235,8 @@ pub fn header() -> RunHeader {
         per_iter: None,
         cputime: false,
         timestamps: false,
+        blocking: 0,
+        parallel_init: false,
     }
 }
 
@@ -242,6 +247,7 @@ pub fn footer() -> Footer {
         avg_busbw: 1.5,
         min_busbw: None,
         error: None,
+        memory: None,
     }
 }
 
