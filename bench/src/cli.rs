@@ -6,6 +6,9 @@ use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
 use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::OnceLock;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,6 +50,10 @@ pub enum Command {
     /// AlltoAll (grouped send/recv with every peer).
     #[command(name = "alltoall_perf", visible_alias = "alltoall")]
     Alltoall(PerfArgs),
+    /// AlltoAll with a size per pair of ranks: a distance-weighted pattern
+    /// (NCCL_TESTS_ALLTOALLV_SPREAD) or a matrix file (NCCL_TESTS_ALLTOALLV_MATRIX_FILE).
+    #[command(name = "alltoallv_perf", visible_alias = "alltoallv")]
+    Alltoallv(PerfArgs),
     /// Scatter from -r.
     #[command(name = "scatter_perf", visible_alias = "scatter")]
     Scatter(PerfArgs),
@@ -117,6 +124,7 @@ impl Command {
             Command::ReduceScatter(_) => "reduce_scatter_perf",
             Command::Reduce(_) => "reduce_perf",
             Command::Alltoall(_) => "alltoall_perf",
+            Command::Alltoallv(_) => "alltoallv_perf",
             Command::Scatter(_) => "scatter_perf",
             Command::Gather(_) => "gather_perf",
             Command::Sendrecv(_) => "sendrecv_perf",
@@ -137,6 +145,7 @@ impl Command {
             | Command::ReduceScatter(a)
             | Command::Reduce(a)
             | Command::Alltoall(a)
+            | Command::Alltoallv(a)
             | Command::Scatter(a)
             | Command::Gather(a)
             | Command::Sendrecv(a)
@@ -213,6 +222,30 @@ fn parse_launcher(s: &str) -> Result<Launcher, String> {
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
+}
+
+/// nccl-tests' program names as busbw's own: invoked through a link named `all_reduce_perf`
+/// (or an MPI build's `all_reduce_perf_mpi`), busbw runs `busbw all_reduce_perf`, so scripts
+/// and manifests that call nccl-tests' binaries run busbw unchanged.
+pub fn multicall(mut argv: Vec<OsString>) -> Vec<OsString> {
+    let called = argv
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .map(|n| n.strip_suffix("_mpi").unwrap_or(n).to_string());
+    if let Some(program) = called {
+        if program.ends_with("_perf") && crate::specs::find(&program).is_some() {
+            argv.insert(1, program.into());
+        }
+    }
+    argv
+}
+
+/// This process's arguments as busbw reads them ([`multicall`] applied): what ranks spawned
+/// from it are given.
+pub fn argv() -> &'static [OsString] {
+    static ARGV: OnceLock<Vec<OsString>> = OnceLock::new();
+    ARGV.get_or_init(|| multicall(std::env::args_os().collect()))
 }
 
 #[derive(Args, Debug, Clone)]

@@ -240,6 +240,10 @@ impl<W: Write> Outputs<W> {
 }
 
 impl<W: Write> Sink for Outputs<W> {
+    fn comment(&mut self, line: &str) -> io::Result<()> {
+        self.note(line)
+    }
+
     fn header(&mut self, h: &RunHeader) -> io::Result<()> {
         let table = &mut self.table;
         self.term.suspend(|| table.header(h))?;

@@ -407,6 +407,7 @@ fn sweep(
             let counts = (spec.counts)(size, dtype, n);
             let mut cells = [None, None];
             let mut details = [None, None];
+            let mut comments = Vec::new();
             for (i, in_place) in [false, true].into_iter().enumerate() {
                 let ctx = ctx_for(counts, 99, in_place);
                 let (cell, detail) = bench(comm, plan, &ctx, st).with_context(|| {
@@ -417,6 +418,7 @@ fn sweep(
                         if in_place { "in-place" } else { "out-of-place" }
                     )
                 })?;
+                comments.extend((spec.comments)(&ctx, cell.time_us / 1e6));
                 st.summary.busbw_sum += cell.busbw;
                 st.summary.busbw_cells += 1;
                 cells[i] = Some(cell);
@@ -425,6 +427,9 @@ fn sweep(
             if let (Some(sink), [Some(oop), Some(ip)], [Some(doop), Some(dip)]) =
                 (sink.as_deref_mut(), cells, details)
             {
+                for c in &comments {
+                    sink.comment(c).context("writing the results")?;
+                }
                 let row = Row {
                     size: counts.size() as u64,
                     count: counts.count as u64,

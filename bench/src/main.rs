@@ -3,6 +3,8 @@
 
 mod cli;
 mod cli_report;
+#[cfg(test)]
+mod corpus;
 mod doctor;
 mod exit;
 mod exports;
@@ -16,6 +18,7 @@ mod report_cmd;
 mod session;
 mod sizes;
 mod specs;
+mod subcomm;
 mod terminal;
 mod threads;
 mod tiers;
@@ -25,7 +28,7 @@ use clap::Parser;
 
 fn main() {
     memory::mark_start();
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_from(cli::argv());
     if let cli::Command::Tiers(t) = &cli.command {
         std::process::exit(tiers::main(t));
     }

@@ -6,7 +6,7 @@ use crate::exit;
 use crate::exports::{self, Outputs};
 use crate::gpu::DeviceMem;
 use crate::harness;
-use crate::plan::Plan;
+use crate::plan::{Plan, Split};
 use crate::session::{join_rendezvous, JoinOptions, Session};
 use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
@@ -14,7 +14,7 @@ use crate::threads;
 use anyhow::{Context, Result};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::cuda::select::Slot;
-use busbw_collectives::CommError;
+use busbw_collectives::{CommError, ReduceOp};
 use busbw_launchers::signal;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
 use busbw_reports::{Footer, RunHeader, Sink, TextTable};
@@ -31,7 +31,7 @@ pub type Work<'a> = &'a (dyn Fn(&mut Session, &Plan, &World) -> Result<i32> + Sy
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
     main_with(spec, args, &|session, plan, world| {
         let slot = threads::slot(world.local_rank, plan.threads as usize, plan.gpus as usize);
-        sweep(session, plan, args, slot)
+        sweep(session, plan, args, slot, world)
     })
 }
 
@@ -177,7 +177,7 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
     let launch = LocalLaunch {
         np,
         exe,
-        args: std::env::args_os().skip(1).collect(),
+        args: crate::cli::argv()[1..].to_vec(),
         grace: plan.timeout,
         outcome_codes: vec![exit::WRONG_RESULTS],
         ranks_per_process: plan.ranks_per_process(),
@@ -200,7 +200,7 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
         Ok(e) => e,
         Err(code) => return code,
     };
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let args: Vec<std::ffi::OsString> = crate::cli::argv()[1..].to_vec();
     match local::run_pod(
         pod,
         g,
@@ -382,13 +382,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     let session = if world.size == 1 && world.master_addr.is_empty() {
         Session::single(world, plan)
     } else {
-        let opts = JoinOptions {
-            token: args.job_token.clone(),
-            socket_ifname: args.socket_ifname.clone(),
-            ib_hca: args.ib_hca.clone(),
-            socket_nthreads: args.socket_nthreads,
-            nsocks_perthread: args.nsocks_perthread,
-        };
+        let opts = join_options(args);
         join_rendezvous(&world, plan, &opts).and_then(|rdv| Session::join(world, rdv, plan, &opts))
     };
     let mut session = match session {
@@ -502,16 +496,83 @@ impl Drop for SignalWatch {
     }
 }
 
-fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Result<i32> {
+fn join_options(args: &PerfArgs) -> JoinOptions {
+    JoinOptions {
+        token: args.job_token.clone(),
+        socket_ifname: args.socket_ifname.clone(),
+        ib_hca: args.ib_hca.clone(),
+        socket_nthreads: args.socket_nthreads,
+        nsocks_perthread: args.nsocks_perthread,
+    }
+}
+
+/// `NCCL_TESTS_SPLIT`: the groups of a job of `n` ranks, as (color, members) in order of
+/// color; each rank's process is its rank divided by the ranks per process, as nccl-tests
+/// colors MPI processes.
+pub fn split_groups(split: Split, n: usize, per_process: usize) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for r in 0..n {
+        let c = split.color(r / per_process.max(1));
+        match groups.iter_mut().find(|(color, _)| *color == c) {
+            Some((_, members)) => members.push(r),
+            None => groups.push((c, vec![r])),
+        }
+    }
+    groups.sort_by_key(|(c, _)| *c);
+    groups
+}
+
+/// This rank's split group: its index among the groups, its color and its members.
+struct SplitGroup {
+    index: usize,
+    color: usize,
+    groups: Vec<(usize, Vec<usize>)>,
+}
+
+impl SplitGroup {
+    fn members(&self) -> &[usize] {
+        &self.groups[self.index].1
+    }
+}
+
+fn sweep(
+    session: &mut Session,
+    plan: &Plan,
+    args: &PerfArgs,
+    slot: Slot,
+    world: &World,
+) -> Result<i32> {
     let rank0 = session.comm.rank() == 0;
-    if let Err(msg) = plan.roots(session.comm.size()) {
+    let split = plan.split.map(|s| {
+        let groups = split_groups(s, session.comm.size(), plan.ranks_per_process());
+        let rank = session.comm.rank();
+        let index = groups
+            .iter()
+            .position(|(_, m)| m.contains(&rank))
+            .unwrap_or_default();
+        SplitGroup {
+            index,
+            color: groups[index].0,
+            groups,
+        }
+    });
+    // Roots, sizes and skips are the group's when the job is split.
+    let n = split
+        .as_ref()
+        .map_or(session.comm.size(), |g| g.members().len());
+    let ranks_ok = if std::ptr::eq(plan.spec, &crate::specs::alltoallv::ALLTOALLV) {
+        crate::specs::alltoallv::config().and_then(|c| c.check_ranks(n))
+    } else {
+        Ok(())
+    };
+    if let Err(msg) = ranks_ok.and_then(|()| plan.roots(n).map(|_| ())) {
         if rank0 {
             eprintln!("busbw: error: {msg}");
         }
         session.finish()?;
         return Ok(exit::USAGE);
     }
-    let roots = plan.roots(session.comm.size()).map_or(1, |r| r.len());
+    let roots = plan.roots(n).map_or(1, |r| r.len());
     let rows = (plan.dtypes.len() * plan.ops.len() * roots * plan.sizes.len()) as u64;
     let total = (plan.cycles > 0).then(|| rows * u64::from(plan.cycles));
     let term = Terminal::new(&args.report, total, plan.spec.program, rank0);
@@ -544,11 +605,62 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Res
             Some(d)
         }
     };
+    if let (Some(g), Some(s)) = (&split, plan.split) {
+        for d in &mut session.devices {
+            d.group = s.color(d.rank / plan.ranks_per_process().max(1));
+        }
+        if rank0 {
+            let sizes: Vec<String> = g.groups.iter().map(|(_, m)| m.len().to_string()).collect();
+            eprintln!(
+                "busbw: split {s}: {} groups of {} ranks run at once; the table is group {}'s",
+                g.groups.len(),
+                sizes.join("/"),
+                g.color
+            );
+        }
+    }
     let header = run_header(session, plan);
     if rank0 {
         table.header(&header)?;
     }
-    let n = session.comm.size();
+    let mut group_comm = match &split {
+        Some(g) => {
+            let store = match &session.rdv {
+                Some(r) => r.store.clone(),
+                None => Arc::new(busbw_launchers::MemoryStore::new()),
+            };
+            let factory = crate::subcomm::Factory::new(
+                world,
+                store,
+                &join_options(args),
+                &plan.transport,
+                plan.timeout,
+                session.abort.clone(),
+                plan.gpus > 0,
+            )?;
+            let nodes: Vec<usize> = g
+                .members()
+                .iter()
+                .map(|&r| session.comm.nodes().get(r).copied().unwrap_or(r))
+                .collect();
+            let c = factory
+                .build(&format!("split/{}", g.color), g.members(), &nodes)
+                .with_context(|| format!("building the communicator of split group {}", g.color))?;
+            Some(c)
+        }
+        None => None,
+    };
+    // The debugging faults name world ranks; the group's harness numbers its own.
+    let in_group = |r: Option<usize>| {
+        let g = split.as_ref()?;
+        g.members().iter().position(|&m| Some(m) == r)
+    };
+    let group_plan = split.as_ref().map(|_| Plan {
+        corrupt_rank: in_group(plan.corrupt_rank),
+        fail_rank: in_group(plan.fail_rank),
+        ..plan.clone()
+    });
+    let plan = group_plan.as_ref().unwrap_or(plan);
     let summary = match (plan.spec.skip)(n) {
         Some(why) => {
             if rank0 {
@@ -558,7 +670,8 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Res
         }
         None => {
             let sink: Option<&mut dyn Sink> = if rank0 { Some(&mut table) } else { None };
-            match harness::run_with(&mut session.comm, plan, sink, dev.as_mut()) {
+            let comm = group_comm.as_mut().unwrap_or(&mut session.comm);
+            match harness::run_with(comm, plan, sink, dev.as_mut()) {
                 Ok(s) => s,
                 Err(e) => {
                     if rank0 {
@@ -575,17 +688,73 @@ fn sweep(session: &mut Session, plan: &Plan, args: &PerfArgs, slot: Slot) -> Res
             }
         }
     };
+    drop(group_comm);
+    let mut out_of_bounds = summary.out_of_bounds;
+    if let Some(g) = &split {
+        out_of_bounds = split_summary(session, g, &summary, rank0.then_some(&mut table))?;
+    }
     let footer = footer(plan, &summary);
     if rank0 {
         table.footer(&footer)?;
     }
     session.finish()?;
     let bw_ok = footer.bandwidth_ok().unwrap_or(true);
-    Ok(if summary.out_of_bounds > 0 || !bw_ok {
+    Ok(if out_of_bounds > 0 || !bw_ok {
         exit::WRONG_RESULTS
     } else {
         exit::OK
     })
+}
+
+/// After a split run: every group's figures to rank 0, which prints one line per group
+/// (nccl-tests prints only its own group's table; the others' results would be lost), and
+/// the job's total of wrong cells, which fails the job whichever group had them.
+fn split_summary(
+    session: &mut Session,
+    g: &SplitGroup,
+    summary: &harness::Summary,
+    table: Option<&mut Outputs<impl std::io::Write>>,
+) -> Result<u64> {
+    let k = g.groups.len();
+    let mut v = vec![0.0f64; 2 * k];
+    // The group's rank 0 (its lowest world rank) speaks for it.
+    if g.members().first() == Some(&session.comm.rank()) {
+        v[2 * g.index] = summary.avg_busbw();
+        v[2 * g.index + 1] = summary.out_of_bounds as f64;
+    }
+    busbw_collectives::all_reduce_values(&mut session.comm, &mut v, ReduceOp::Sum)
+        .context("gathering the split groups' results")?;
+    if let Some(t) = table {
+        for (i, (color, members)) in g.groups.iter().enumerate() {
+            t.note(&format!(
+                "# Group {color:>2} ({} ranks: {}): Avg bus bandwidth {}, out of bounds values {}",
+                members.len(),
+                rank_list(members),
+                busbw_reports::fmt::c_g(v[2 * i]),
+                v[2 * i + 1]
+            ))?;
+        }
+    }
+    Ok((0..k).map(|i| v[2 * i + 1] as u64).sum())
+}
+
+/// `0-3,8,10-11`.
+fn rank_list(ranks: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i {
+            format!("{}-{}", ranks[i], ranks[j])
+        } else {
+            ranks[i].to_string()
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 /// The table header of a run on `session`'s communicator.
@@ -631,5 +800,25 @@ pub fn footer(plan: &Plan, summary: &harness::Summary) -> Footer {
         min_busbw: plan.min_busbw,
         error: None,
         memory: summary.memory.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_groups_color_processes_not_ranks() {
+        // 4 processes × 2 ranks (-t 2), MOD2: processes 0 and 2 together.
+        let g = split_groups(Split::Mod(2), 8, 2);
+        assert_eq!(g, [(0, vec![0, 1, 4, 5]), (1, vec![2, 3, 6, 7])]);
+        // Colors need not be dense; groups come in color order.
+        let g = split_groups(Split::Or(4), 6, 1);
+        assert_eq!(
+            g,
+            [(4, vec![0, 4]), (5, vec![1, 5]), (6, vec![2]), (7, vec![3])]
+        );
+        assert_eq!(rank_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(rank_list(&[5]), "5");
     }
 }

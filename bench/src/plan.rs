@@ -18,7 +18,7 @@ pub enum Average {
     Max,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     pub spec: &'static CollectiveSpec,
     pub min_bytes: u64,
@@ -63,9 +63,119 @@ pub struct Plan {
     pub memory_report: bool,
     /// `-p 1`: only the header line; busbw's ranks always initialise concurrently.
     pub parallel_init: bool,
+    /// `NCCL_TESTS_SPLIT_MASK` / `NCCL_TESTS_SPLIT`: the job runs as concurrent groups.
+    pub split: Option<Split>,
     /// What nccl-tests' cross-checks turned off, and flags that do not apply here: one line
     /// each, printed once before the run.
     pub notes: Vec<String>,
+}
+
+/// nccl-tests' split of a job into groups that run at once, each its own communicator: a
+/// process's group (its "color", the `Group` of its device lines) is its process index
+/// combined with `n`. Operators bisect a cluster with it (`MOD2` pairs even and odd nodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// `NCCL_TESTS_SPLIT_MASK=<hex>`, or `NCCL_TESTS_SPLIT=AND<n>` / `&<n>`.
+    And(u64),
+    /// `OR<n>` / `|<n>`.
+    Or(u64),
+    /// `MOD<n>` / `%<n>`.
+    Mod(u64),
+    /// `DIV<n>` / `/<n>`.
+    Div(u64),
+}
+
+impl Split {
+    /// From the environment, as nccl-tests reads it: `NCCL_TESTS_SPLIT_MASK` first.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<Split>, String> {
+        if let Some(mask) = get("NCCL_TESTS_SPLIT_MASK") {
+            let t = mask.trim();
+            let digits = t
+                .strip_prefix("0x")
+                .or_else(|| t.strip_prefix("0X"))
+                .unwrap_or(t);
+            return u64::from_str_radix(digits, 16)
+                .map(|m| Some(Split::And(m)))
+                .map_err(|_| {
+                    format!(
+                        "NCCL_TESTS_SPLIT_MASK={mask}: give a hexadecimal mask, e.g. 0x1 \
+                         (even and odd processes) or 0x6"
+                    )
+                });
+        }
+        let Some(spec) = get("NCCL_TESTS_SPLIT") else {
+            return Ok(None);
+        };
+        let bad = || {
+            format!(
+                "NCCL_TESTS_SPLIT={spec}: give AND<n>, OR<n>, MOD<n> or DIV<n> (or &, |, %, /), \
+                 n decimal, 0x hex or 0b binary, e.g. MOD2 or DIV8"
+            )
+        };
+        let t = spec.trim();
+        let upper = t.to_ascii_uppercase();
+        let (op, rest) = [
+            ("AND", 3),
+            ("&", 1),
+            ("OR", 2),
+            ("|", 1),
+            ("MOD", 3),
+            ("%", 1),
+        ]
+        .into_iter()
+        .chain([("DIV", 3), ("/", 1)])
+        .find(|(p, _)| upper.starts_with(p))
+        .map(|(p, len)| (p, &t[len..]))
+        .ok_or_else(bad)?;
+        let n = parse_int(rest.trim()).ok_or_else(bad)?;
+        Ok(Some(match op {
+            "AND" | "&" => Split::And(n),
+            "OR" | "|" => Split::Or(n),
+            _ if n == 0 => {
+                return Err(format!(
+                    "NCCL_TESTS_SPLIT={spec}: {op} by 0 has no groups; give n > 0"
+                ))
+            }
+            "MOD" | "%" => Split::Mod(n),
+            _ => Split::Div(n),
+        }))
+    }
+
+    /// The group of process `process`.
+    pub fn color(self, process: usize) -> usize {
+        let p = process as u64;
+        (match self {
+            Split::And(n) => p & n,
+            Split::Or(n) => p | n,
+            Split::Mod(n) => p % n,
+            Split::Div(n) => p / n,
+        }) as usize
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Split::And(n) => write!(f, "AND{n}"),
+            Split::Or(n) => write!(f, "OR{n}"),
+            Split::Mod(n) => write!(f, "MOD{n}"),
+            Split::Div(n) => write!(f, "DIV{n}"),
+        }
+    }
+}
+
+/// nccl-tests' integers: decimal, `0x` hex, `0` octal, `0b` binary.
+fn parse_int(s: &str) -> Option<u64> {
+    let lower = s.to_ascii_lowercase();
+    if let Some(b) = lower.strip_prefix("0b") {
+        u64::from_str_radix(b, 2).ok()
+    } else if let Some(h) = lower.strip_prefix("0x") {
+        u64::from_str_radix(h, 16).ok()
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        u64::from_str_radix(&lower[1..], 8).ok()
+    } else {
+        lower.parse().ok()
+    }
 }
 
 /// Largest `-u`: a shift is an offset into buffers padded by 8 bytes per element of it (the
@@ -163,6 +273,20 @@ impl Plan {
         };
         let timeout = Duration::from_secs(if a.timeout == 0 { 300 } else { a.timeout });
         let (per_iter, blocking, notes) = nccl_tests_checks(a, gpus)?;
+        let split = Split::from_env(|k| std::env::var(k).ok())?;
+        let mut notes = notes;
+        if std::ptr::eq(spec, &crate::specs::alltoallv::ALLTOALLV) {
+            let c = crate::specs::alltoallv::config()?;
+            if matches!(c.pattern, crate::specs::alltoallv::Pattern::Matrix { .. })
+                && a.min_bytes != a.max_bytes
+            {
+                notes.push(
+                    "alltoallv_perf with a traffic matrix: every size moves the matrix's bytes \
+                     (give -b equal to -e)"
+                        .into(),
+                );
+            }
+        }
         if !(0..=MAX_UNALIGN).contains(&a.unalign) {
             return Err(format!(
                 "-u {}: the shift is a count of elements from 0 to {MAX_UNALIGN}",
@@ -200,6 +324,7 @@ impl Plan {
             unalign: a.unalign as u32,
             memory_report: a.memory != 0,
             parallel_init: a.parallel_init != 0,
+            split,
             notes,
         })
     }
@@ -264,6 +389,7 @@ impl Plan {
             ("-u/--unalign", self.unalign.to_string()),
             ("-M/--memory", self.memory_report.to_string()),
             ("-p/--parallel_init", self.parallel_init.to_string()),
+            ("NCCL_TESTS_SPLIT(_MASK)", format!("{:?}", self.split)),
         ]
         .iter()
         .map(|(k, v)| format!("{k}\t{v}"))
@@ -380,6 +506,49 @@ pub fn fingerprint_diff(mine: &str, theirs: &str) -> Vec<(String, String, String
         })
         .collect()
 }
+#[cfg(test)]
+mod split_tests {
+    use super::Split;
+
+    fn split(k: &str, v: &str) -> Result<Option<Split>, String> {
+        Split::from_env(|key| (key == k).then(|| v.to_string()))
+    }
+
+    #[test]
+    fn nccl_tests_split_syntax_and_colors() {
+        assert_eq!(split("X", ""), Ok(None));
+        assert_eq!(
+            split("NCCL_TESTS_SPLIT_MASK", "0x6"),
+            Ok(Some(Split::And(6)))
+        );
+        assert_eq!(
+            split("NCCL_TESTS_SPLIT_MASK", "ff"),
+            Ok(Some(Split::And(255)))
+        );
+        assert_eq!(split("NCCL_TESTS_SPLIT", "MOD2"), Ok(Some(Split::Mod(2))));
+        assert_eq!(
+            split("NCCL_TESTS_SPLIT", "mod 0x4"),
+            Ok(Some(Split::Mod(4)))
+        );
+        assert_eq!(split("NCCL_TESTS_SPLIT", "%3"), Ok(Some(Split::Mod(3))));
+        assert_eq!(split("NCCL_TESTS_SPLIT", "/8"), Ok(Some(Split::Div(8))));
+        assert_eq!(split("NCCL_TESTS_SPLIT", "DIV010"), Ok(Some(Split::Div(8))));
+        assert_eq!(split("NCCL_TESTS_SPLIT", "&0b101"), Ok(Some(Split::And(5))));
+        assert_eq!(split("NCCL_TESTS_SPLIT", "or1"), Ok(Some(Split::Or(1))));
+        for bad in ["XOR2", "MOD", "MOD2x", "DIV0", "%0", ""] {
+            let e = split("NCCL_TESTS_SPLIT", bad).unwrap_err();
+            assert!(e.contains("NCCL_TESTS_SPLIT="), "{bad}: {e}");
+        }
+        assert!(split("NCCL_TESTS_SPLIT_MASK", "0xg").is_err());
+        // Colors of processes 0..8.
+        let colors = |s: Split| (0..8).map(|p| s.color(p)).collect::<Vec<_>>();
+        assert_eq!(colors(Split::Mod(2)), [0, 1, 0, 1, 0, 1, 0, 1]);
+        assert_eq!(colors(Split::Div(4)), [0, 0, 0, 0, 1, 1, 1, 1]);
+        assert_eq!(colors(Split::And(6)), [0, 0, 2, 2, 4, 4, 6, 6]);
+        assert_eq!(colors(Split::Or(1)), [1, 1, 3, 3, 5, 5, 7, 7]);
+    }
+}
+
 #[cfg(test)]
 mod fingerprint_tests {
     use super::fingerprint_diff;

@@ -10,7 +10,6 @@
 mod analysis;
 mod gate;
 mod schedule;
-mod subcomm;
 
 use crate::cli::TiersArgs;
 use crate::cli_report::ReportArgs;
@@ -188,6 +187,9 @@ impl Sink for Collect<'_> {
         self.rows.push(m.row.clone());
         self.inner.as_mut().map_or(Ok(()), |s| s.measured(m))
     }
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.comment(line))
+    }
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         self.inner.as_mut().map_or(Ok(()), |s| s.footer(f))
     }
@@ -212,6 +214,9 @@ impl Sink for WorldSink<'_> {
     fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
         self.table.measured(m)?;
         self.exports.as_mut().map_or(Ok(()), |e| e.measured(m))
+    }
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        self.table.comment(line)
     }
     fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
         self.table.footer(f)
@@ -360,13 +365,15 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     let world_rows = sink.rows;
 
     let factory = if size > 1 {
-        Some(subcomm::Factory::new(
+        Some(crate::subcomm::Factory::new(
             world,
             store.clone(),
             &opts.join,
             &plan.transport,
             plan.timeout,
             session.abort.clone(),
+            // Tier groups run on host memory (tiers refuses -g).
+            false,
         )?)
     } else {
         None
@@ -571,7 +578,7 @@ fn run_groups(
     session: &mut Session,
     plan: &Plan,
     store: &Arc<dyn Store>,
-    factory: Option<&subcomm::Factory>,
+    factory: Option<&crate::subcomm::Factory>,
     ti: usize,
     groups: &[Group],
     runnable: &[usize],
@@ -684,7 +691,7 @@ fn link_tier(model: &TierModel, a: &Labels, b: &Labels) -> String {
 fn pairwise(
     session: &mut Session,
     store: &Arc<dyn Store>,
-    factory: Option<&subcomm::Factory>,
+    factory: Option<&crate::subcomm::Factory>,
     nodes: &Nodes,
     model: &TierModel,
     opts: &Options,

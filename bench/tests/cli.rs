@@ -1303,3 +1303,229 @@ fn nccl_tests_cross_checks_and_gpu_only_flags() {
     }
     assert!(!stdout.contains("i_min"), "-I turned off:\n{stdout}");
 }
+
+/// Scripts call nccl-tests' binaries by name: a link named `all_reduce_perf` (or an MPI
+/// build's `all_reduce_perf_mpi`) runs busbw as that program, local ranks included.
+#[test]
+fn links_named_after_nccl_tests_programs_run_them() {
+    let dir = std::env::temp_dir().join(format!("busbw-multicall-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["all_gather_perf", "all_reduce_perf_mpi"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_busbw"), &link).unwrap();
+        let mut c = Command::new(&link);
+        c.env_clear();
+        let out = c
+            .args(["-b", "1K", "-e", "4K", "-f", "2", "-n", "2", "--np", "2"])
+            .output()
+            .expect("run the link");
+        let stdout = text(&out.stdout);
+        let program = name.strip_suffix("_mpi").unwrap_or(name);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}\n{stdout}{}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("# Collective test starting: {program}\n")),
+            "{name}\n{stdout}"
+        );
+        assert_eq!(rows(&stdout).len(), 3, "{name}\n{stdout}");
+        assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NCCL_TESTS_SPLIT: the job runs as groups at once, each on its own communicator; the device
+/// lines carry each rank's group, the table is rank 0's group (as nccl-tests prints it), one
+/// line per group keeps the others' results, and wrong data in any group fails the job.
+#[test]
+fn split_groups_run_at_once_and_every_group_is_reported() {
+    let args = [
+        "all_reduce_perf",
+        "--np",
+        "4",
+        "-b",
+        "1K",
+        "-e",
+        "16K",
+        "-f",
+        "4",
+        "-n",
+        "3",
+    ];
+    let out = busbw()
+        .env("NCCL_TESTS_SPLIT", "MOD2")
+        .args(args)
+        .output()
+        .expect("run busbw");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let groups: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("#  Rank"))
+        .map(|l| l.split_whitespace().nth(4).unwrap_or_default())
+        .collect();
+    assert_eq!(groups, ["0", "1", "0", "1"], "{stdout}");
+    assert_eq!(rows(&stdout).len(), 3, "{stdout}");
+    assert!(
+        stdout.contains("# Group  0 (2 ranks: 0,2): Avg bus bandwidth ")
+            && stdout.contains("# Group  1 (2 ranks: 1,3): Avg bus bandwidth "),
+        "{stdout}"
+    );
+    // Rank 3 (group 1, not in the table) corrupts its result: the job fails, and group 1's
+    // line says where.
+    let out = busbw()
+        .env("NCCL_TESTS_SPLIT_MASK", "0x1")
+        .args(args)
+        .args(["--debug-corrupt-rank", "3"])
+        .output()
+        .expect("run busbw");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    let g1 = stdout
+        .lines()
+        .find(|l| l.starts_with("# Group  1"))
+        .unwrap_or_default();
+    assert!(!g1.ends_with("out of bounds values 0"), "{stdout}");
+    // A split nccl-tests does not know is a usage error.
+    let out = busbw()
+        .env("NCCL_TESTS_SPLIT", "XOR1")
+        .args(args)
+        .output()
+        .expect("run busbw");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("NCCL_TESTS_SPLIT=XOR1"));
+}
+
+/// alltoallv_perf: nccl-tests' generated pattern (distance-weighted by default, uniform with
+/// SPREAD=0) and a traffic matrix file, validated; PRINT_SUMMARY's lines come before their
+/// row; a matrix smaller than the job is a usage error.
+#[test]
+fn alltoallv_runs_generated_and_matrix_patterns_validated() {
+    let sweep = [
+        "alltoallv_perf",
+        "--np",
+        "4",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+    ];
+    for spread in ["1", "0"] {
+        let out = busbw()
+            .env("NCCL_TESTS_ALLTOALLV_SPREAD", spread)
+            .args(sweep)
+            .output()
+            .expect("run busbw");
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 3, "{stdout}");
+        // 1 KiB over 4 ranks: 64 floats a peer; distance-weighted, rank 0 sends 0, 1/6, 2/6
+        // and 3/6 of 1 KiB, each rounded down to 16 bytes (160 + 336 + 512).
+        let want = if spread == "1" { 1008 } else { 1024 };
+        assert_eq!((rows[0].size, rows[0].count), (want, 64), "{stdout}");
+        for r in &rows {
+            assert_eq!(r.oop_wrong, "0", "{stdout}");
+            assert_eq!(r.ip_wrong, "N/A", "{stdout}");
+        }
+    }
+    // Wrong data is caught.
+    let out = busbw()
+        .args(sweep)
+        .args(["--debug-corrupt-rank", "2"])
+        .output()
+        .expect("run busbw");
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stdout));
+
+    let dir = std::env::temp_dir().join(format!("busbw-alltoallv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let matrix = dir.join("traffic.txt");
+    std::fs::write(&matrix, "100 200 150\n50 100 75\n300 150 200\n").unwrap();
+    let out = busbw()
+        .env("NCCL_TESTS_ALLTOALLV_MATRIX_FILE", &matrix)
+        .env("NCCL_TESTS_ALLTOALLV_MATRIX_SCALE", "100")
+        .env("NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY", "1")
+        .args([
+            "alltoallv_perf",
+            "--np",
+            "3",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "2",
+        ])
+        .output()
+        .expect("run busbw");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let rows = rows(&stdout);
+    // The busiest rank: rank 2 sends 30000 + 15000 + 20000 bytes, each rounded to 16.
+    assert_eq!((rows[0].size, rows[0].count), (64992, 0), "{stdout}");
+    assert_eq!(rows[0].oop_wrong, "0", "{stdout}");
+    let summary: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("# NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY: mode=matrix"))
+        .take(4)
+        .collect();
+    assert!(
+        summary[0].contains("nranks=3 matrix_dim=3 scale=100.000 time_usec="),
+        "{stdout}"
+    );
+    assert!(
+        summary[3].starts_with("#   rank=2 send_bytes=64992 recv_bytes=42480 alg_bw="),
+        "{stdout}"
+    );
+    let out = busbw()
+        .env("NCCL_TESTS_ALLTOALLV_MATRIX_FILE", &matrix)
+        .args([
+            "alltoallv_perf",
+            "--np",
+            "4",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "1",
+        ])
+        .output()
+        .expect("run busbw");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("the job has 4 ranks but the matrix is 3×3"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The image links every nccl-tests program busbw has (k8s/Dockerfile's list), no more.
+#[test]
+fn the_image_links_every_program() {
+    let help = text(&run(&["--help"]).stdout);
+    let mut programs: Vec<String> = help
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.ends_with("_perf"))
+        .map(|w| w.trim_end_matches("_perf").to_string())
+        .collect();
+    let docker = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../k8s/Dockerfile"))
+        .expect("k8s/Dockerfile");
+    let list = docker
+        .split_once("for p in ")
+        .and_then(|(_, rest)| rest.split_once("; do"))
+        .map(|(l, _)| l.replace('\\', " "))
+        .expect("the Dockerfile's program list");
+    let mut linked: Vec<String> = list.split_whitespace().map(String::from).collect();
+    programs.sort();
+    linked.sort();
+    assert_eq!(programs.len(), 11, "{help}");
+    assert_eq!(linked, programs);
+}

@@ -31,7 +31,7 @@ pub use communicator::{CommConfig, Communicator};
 pub use dtype::{DataType, ParseNameError, ReduceOp};
 pub use error::CommError;
 pub use offload::{Mirror, Offload, OffloadError, Ticket};
-pub use p2p::{alltoall, gather, hypercube, scatter, sendrecv};
+pub use p2p::{alltoall, alltoallv, gather, hypercube, scatter, sendrecv};
 pub use rd::rd_all_reduce;
 pub use ring::{all_gather, all_reduce, all_reduce_values, barrier, reduce_scatter, Data};
 pub use tree::tree_all_reduce;

@@ -1,5 +1,5 @@
 //! Collectives made of grouped point-to-point transfers (NCCL's `ncclGroupStart` + sends and
-//! receives): AlltoAll, Scatter, Gather, SendRecv and the HyperCube AllGather.
+//! receives): AlltoAll, AlltoAllv, Scatter, Gather, SendRecv and the HyperCube AllGather.
 //!
 //! `exchange` posts a whole group at once and progresses every request together, so a rank
 //! never waits for one peer while another could make progress, and a group that pairs
@@ -191,54 +191,105 @@ pub fn alltoall(
     })
 }
 
+/// AlltoAll with a size per peer (MPI's `Alltoallv`, nccl-tests' `alltoallv_perf`): this
+/// rank sends `send_bytes[j]` bytes to rank `j` and receives `recv_bytes[j]` from it, blocks
+/// laid out back to back in rank order on both sides. Every rank's `send_bytes[j]` must equal
+/// rank `j`'s `recv_bytes[rank]`, or the transfer fails with a length mismatch.
+pub fn alltoallv(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    send_bytes: &[usize],
+    recv_bytes: &[usize],
+) -> Result<(), CommError> {
+    let (inputs, outputs) = data.ranges();
+    offload::around(comm, "alltoallv", &inputs, &outputs, |comm| {
+        alltoallv_host(comm, data, send_bytes, recv_bytes)
+    })
+}
+
+fn alltoallv_host(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    send_bytes: &[usize],
+    recv_bytes: &[usize],
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    if send_bytes.len() != n || recv_bytes.len() != n {
+        return Err(CommError::Invalid(format!(
+            "rank {r}: alltoallv: {} send and {} receive sizes for {n} ranks",
+            send_bytes.len(),
+            recv_bytes.len()
+        )));
+    }
+    if send_bytes[r] != recv_bytes[r] {
+        return Err(CommError::Invalid(format!(
+            "rank {r}: alltoallv: sends {} bytes to itself but expects {}",
+            send_bytes[r], recv_bytes[r]
+        )));
+    }
+    let offsets = |sizes: &[usize]| -> Vec<usize> {
+        sizes
+            .iter()
+            .scan(0, |at, &s| {
+                let o = *at;
+                *at += s;
+                Some(o)
+            })
+            .collect()
+    };
+    let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
+    let (stotal, rtotal) = (send_bytes.iter().sum(), recv_bytes.iter().sum());
+    // Bytes need no element type: any sizes are whole.
+    let b = data.bufs(r, "alltoallv", stotal, rtotal, DataType::Uint8, (0, 0))?;
+    let mut src = b.src;
+    if std::ptr::eq(src, b.dst) && stotal > 0 {
+        // In place: send from a copy, since receives overwrite blocks not yet sent.
+        let copy = scratch::<u8>(comm, stotal)?;
+        // SAFETY: distinct allocations of at least `stotal` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, copy, stotal) };
+        src = copy;
+    }
+    // SAFETY: every block lies inside the checked buffers (offsets are prefix sums of the
+    // sizes whose totals were checked); receive blocks are disjoint.
+    unsafe {
+        if send_bytes[r] > 0 {
+            std::ptr::copy_nonoverlapping(src.add(soff[r]), b.dst.add(roff[r]), send_bytes[r]);
+        }
+        let mut xfers = Vec::with_capacity(2 * n);
+        for i in 1..n {
+            let to = (r + i) % n;
+            let from = (r + n - i) % n;
+            xfers.push(Xfer::Send {
+                peer: to,
+                ptr: src.add(soff[to]),
+                len: send_bytes[to],
+            });
+            xfers.push(Xfer::Recv {
+                peer: from,
+                ptr: b.dst.add(roff[from]),
+                len: recv_bytes[from],
+            });
+        }
+        exchange(
+            comm,
+            &xfers,
+            &[(src, stotal), (b.dst as *const u8, rtotal)],
+            0,
+            "alltoallv",
+        )
+    }
+}
+
 fn alltoall_host(
     comm: &mut Communicator,
     data: Data<'_>,
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
-    let (n, r) = (comm.size(), comm.rank());
+    // AlltoAll is AlltoAllv with every block the same size.
     let block = bytes_of(count, dtype)?;
-    let total = block * n;
-    let b = data.bufs(r, "alltoall", total, total, dtype, (0, 0))?;
-    let mut src = b.src;
-    if std::ptr::eq(src, b.dst) && total > 0 {
-        // In place: send from a copy, since receives overwrite blocks not yet sent.
-        let copy = scratch::<u8>(comm, total)?;
-        // SAFETY: distinct allocations of `total` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src, copy, total) };
-        src = copy;
-    }
-    // SAFETY: blocks are inside the checked buffers; receives target disjoint blocks.
-    unsafe {
-        if block > 0 {
-            std::ptr::copy_nonoverlapping(src.add(r * block), b.dst.add(r * block), block);
-        }
-        let mut xfers = Vec::with_capacity(2 * n);
-        // Pair step i: send to r+i, receive from r-i, so that every rank starts with a
-        // different peer instead of all hitting rank 0 first.
-        for i in 1..n {
-            let to = (r + i) % n;
-            let from = (r + n - i) % n;
-            xfers.push(Xfer::Send {
-                peer: to,
-                ptr: src.add(to * block),
-                len: block,
-            });
-            xfers.push(Xfer::Recv {
-                peer: from,
-                ptr: b.dst.add(from * block),
-                len: block,
-            });
-        }
-        exchange(
-            comm,
-            &xfers,
-            &[(src, total), (b.dst as *const u8, total)],
-            0,
-            "alltoall",
-        )
-    }
+    let sizes = vec![block; comm.size()];
+    alltoallv_host(comm, data, &sizes, &sizes)
 }
 
 /// Scatter: block j of `root`'s input (`count` elements each) goes to rank j. In place, the

@@ -51,6 +51,13 @@ pub trait Sink {
     fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
         self.row(&m.row)
     }
+
+    /// A `#` line the table prints before the next row (alltoallv's per-rank summary).
+    /// Sinks without a text table ignore it.
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        let _ = line;
+        Ok(())
+    }
 }
 
 /// Lets callers keep ownership of a sink (e.g. to inspect a buffer afterwards)
@@ -72,6 +79,9 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
         (**self).measured(m)
     }
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        (**self).comment(line)
+    }
 }
 
 /// Allows heterogeneous sinks to be chosen at runtime (`Box<dyn Sink>`).
@@ -91,5 +101,8 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
 
     fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
         (**self).measured(m)
+    }
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        (**self).comment(line)
     }
 }

@@ -449,6 +449,10 @@ pub fn busbw_average(rows: &[Row]) -> f64 {
 }
 
 impl<W: Write> Sink for TextTable<W> {
+    fn comment(&mut self, line: &str) -> io::Result<()> {
+        self.line(line)
+    }
+
     fn header(&mut self, h: &RunHeader) -> io::Result<()> {
         self.per_iter = h.per_iter;
         self.timestamps = h.timestamps;

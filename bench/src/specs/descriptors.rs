@@ -1,4 +1,4 @@
-//! The ten nccl-tests collectives. Counts, algbw bytes and busbw factors follow nccl-tests'
+//! The ten nccl-tests collectives (and `alltoallv_perf`, in its own module). Counts, algbw bytes and busbw factors follow nccl-tests'
 //! `*GetCollByteCount` and `*GetBw` (compatibility spec §3); data follows its `verifiable`
 //! recipes (§2): reductions use the exact-in-any-order generators, the others the Nil
 //! sequence with per-rank seeds or global indices so that a misplaced block is detected.
@@ -9,13 +9,14 @@ use busbw_collectives as coll;
 use busbw_collectives::{CommError, Communicator, Data, DataType};
 use std::ops::Range;
 
-pub static ALL: [&CollectiveSpec; 10] = [
+pub static ALL: [&CollectiveSpec; 11] = [
     &ALL_REDUCE,
     &ALL_GATHER,
     &BROADCAST,
     &REDUCE_SCATTER,
     &REDUCE,
     &ALLTOALL,
+    &super::alltoallv::ALLTOALLV,
     &SCATTER,
     &GATHER,
     &SENDRECV,
@@ -109,6 +110,7 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
         .map(|_| ())
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- all_gather
@@ -149,6 +151,7 @@ pub static ALL_GATHER: CollectiveSpec = CollectiveSpec {
         coll::all_gather(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- broadcast
@@ -181,6 +184,7 @@ pub static BROADCAST: CollectiveSpec = CollectiveSpec {
         )
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- reduce_scatter
@@ -231,6 +235,7 @@ pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
         )
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- reduce
@@ -270,6 +275,7 @@ pub static REDUCE: CollectiveSpec = CollectiveSpec {
         )
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- alltoall
@@ -317,6 +323,7 @@ pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
         coll::alltoall(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- scatter
@@ -356,6 +363,7 @@ pub static SCATTER: CollectiveSpec = CollectiveSpec {
         )
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- gather
@@ -401,6 +409,7 @@ pub static GATHER: CollectiveSpec = CollectiveSpec {
         )
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- sendrecv
@@ -426,6 +435,7 @@ pub static SENDRECV: CollectiveSpec = CollectiveSpec {
         coll::sendrecv(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
+    comments: super::no_comments,
 };
 
 // ---------------------------------------------------------------------------- hypercube
@@ -446,4 +456,5 @@ pub static HYPERCUBE: CollectiveSpec = CollectiveSpec {
         coll::hypercube(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
     },
     skip: |n| (!n.is_power_of_two()).then(|| format!("nRanks {n} is not a power of 2, skipping")),
+    comments: super::no_comments,
 };

@@ -2,6 +2,7 @@
 //! how to compute its bandwidths, how to make and check its data, and how to run it. The
 //! harness is shared by all of them.
 
+pub mod alltoallv;
 mod data;
 mod descriptors;
 
@@ -177,6 +178,14 @@ pub struct CollectiveSpec {
     pub run: RunFn,
     /// A reason to skip the whole test at this rank count (hypercube needs a power of two).
     pub skip: fn(nranks: usize) -> Option<String>,
+    /// Lines printed before a row, from a placement's context and its time in seconds
+    /// (alltoallv's per-rank summary).
+    pub comments: fn(ctx: &DataCtx, secs: f64) -> Vec<String>,
+}
+
+/// For collectives that print nothing but their rows.
+pub fn no_comments(_ctx: &DataCtx, _secs: f64) -> Vec<String> {
+    Vec::new()
 }
 
 impl std::fmt::Debug for CollectiveSpec {

@@ -27,6 +27,8 @@ pub struct Factory {
     rank: usize,
     local_rank: usize,
     ib_hca: Option<String>,
+    /// `-g`: the groups' verbs transports keep off their eager path (see `verbs::for_rank`).
+    device_buffers: bool,
 }
 
 /// FNV-1a: a stable 64-bit digest of a group's name.
@@ -44,6 +46,7 @@ impl Factory {
         transport: &str,
         timeout: Duration,
         abort: Abort,
+        device_buffers: bool,
     ) -> Result<Self> {
         let job = std::str::from_utf8(&store.wait(&["job"], timeout)?[0])
             .ok()
@@ -62,6 +65,7 @@ impl Factory {
             rank: world.rank,
             local_rank: world.local_rank,
             ib_hca: opts.ib_hca.clone(),
+            device_buffers,
         })
     }
 
@@ -69,10 +73,9 @@ impl Factory {
     /// RDMA port), but instances of their own: a group's queue pairs, slots and memory
     /// registrations live and die with its communicator and are never seen by another group.
     fn transport(&self, identity: Identity) -> Result<Box<dyn Transport>> {
-        // Tier groups run on host memory (tiers refuses -g).
         let verbs = crate::verbs::for_rank(
             &self.transport,
-            false,
+            self.device_buffers,
             self.ib_hca.as_deref(),
             self.local_rank,
             self.timeout,
