@@ -200,6 +200,7 @@ fn every_collective_on_softroce() {
         "broadcast",
         "reduce",
         "alltoall",
+        "alltoallv",
         "scatter",
         "gather",
         "sendrecv",
