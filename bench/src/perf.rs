@@ -525,11 +525,14 @@ pub fn split_groups(split: Split, n: usize, per_process: usize) -> Vec<(usize, V
 /// This rank's split group: its index among the groups, its color and its members.
 struct SplitGroup {
     index: usize,
-    color: usize,
     groups: Vec<(usize, Vec<usize>)>,
 }
 
 impl SplitGroup {
+    fn color(&self) -> usize {
+        self.groups[self.index].0
+    }
+
     fn members(&self) -> &[usize] {
         &self.groups[self.index].1
     }
@@ -550,11 +553,7 @@ fn sweep(
             .iter()
             .position(|(_, m)| m.contains(&rank))
             .unwrap_or_default();
-        SplitGroup {
-            index,
-            color: groups[index].0,
-            groups,
-        }
+        SplitGroup { index, groups }
     });
     // Roots, sizes and skips are the group's when the job is split.
     let n = split
@@ -615,7 +614,7 @@ fn sweep(
                 "busbw: split {s}: {} groups of {} ranks run at once; the table is group {}'s",
                 g.groups.len(),
                 sizes.join("/"),
-                g.color
+                g.color()
             );
         }
     }
@@ -644,8 +643,10 @@ fn sweep(
                 .map(|&r| session.comm.nodes().get(r).copied().unwrap_or(r))
                 .collect();
             let c = factory
-                .build(&format!("split/{}", g.color), g.members(), &nodes)
-                .with_context(|| format!("building the communicator of split group {}", g.color))?;
+                .build(&format!("split/{}", g.color()), g.members(), &nodes)
+                .with_context(|| {
+                    format!("building the communicator of split group {}", g.color())
+                })?;
             Some(c)
         }
         None => None,
