@@ -192,6 +192,11 @@ impl Session {
                     "rank {} on {} failed to join: {e:#}",
                     world.rank, world.hostname
                 ));
+                // Check out as a finished rank does: rank 0 serves the store and must not take
+                // it away while the others still read what they need to fail with their own
+                // reason (ranks with different flags each name the flags, exit 2, instead of
+                // losing the store, exit 3); the abort bounds the wait to a short linger.
+                let _ = rdv.finish();
                 Err(e)
             }
         }
