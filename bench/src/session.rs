@@ -155,7 +155,7 @@ impl Session {
     /// A one-rank job in this process: no store, no sockets.
     pub fn single(world: World, plan: &Plan) -> Result<Session> {
         let abort = Abort::new();
-        let t = InprocTransport::new(Identity { job: 0, rank: 0 });
+        let t = InprocTransport::new(Identity::new(0, 0));
         let (h, l) = t.listen()?;
         let comm = Communicator::new(Box::new(t), l, vec![h], comm_config(plan, &abort, 1))?;
         let devices = vec![device_info(
@@ -222,14 +222,11 @@ impl Session {
         let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?
             ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
 
-        // Every data connection of this process (the job's, the tier groups') proves the token.
-        busbw_transports::auth::set_process_token(opts.token.as_deref());
         let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
         let tcp = opts.tcp((bind, advertise));
-        let identity = Identity {
-            job,
-            rank: rank as u32,
-        };
+        // Every data connection (the job's, and through the factory the groups') proves the
+        // token.
+        let identity = Identity::new(job, rank as u32).with_token(opts.token.as_deref());
         let tcp_only = tcp_transport(identity, tcp);
         let node = node_identity(&world.hostname);
         let verbs = crate::verbs::for_rank(

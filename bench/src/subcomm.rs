@@ -19,6 +19,8 @@ use std::time::Duration;
 pub struct Factory {
     store: Arc<dyn Store>,
     job: u64,
+    /// The job token, which every group's connections prove.
+    token: Option<String>,
     tcp: TcpSetup,
     node: String,
     transport: String,
@@ -57,6 +59,7 @@ impl Factory {
         Ok(Self {
             store,
             job,
+            token: opts.token.clone(),
             tcp: opts.tcp(addr),
             node: node_identity(&world.hostname),
             transport: transport.to_string(),
@@ -99,10 +102,8 @@ impl Factory {
             .iter()
             .position(|&r| r == self.rank)
             .with_context(|| format!("rank {} is not in group {name}", self.rank))?;
-        let identity = Identity {
-            job: self.job ^ fnv64(name),
-            rank: me as u32,
-        };
+        let identity =
+            Identity::new(self.job ^ fnv64(name), me as u32).with_token(self.token.as_deref());
         let transport = self.transport(identity)?;
         let (handle, listener) = transport
             .listen()

@@ -471,8 +471,7 @@ fn guest_verbs_bootstrap_strangers() {
     use std::time::Duration;
 
     let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    auth::set_process_token(Some("right"));
-    let id = |rank| Identity { job: 77, rank };
+    let id = |rank| Identity::new(77, rank).with_token(Some("right"));
     let cfg = VerbsConfig {
         stall_timeout: Duration::from_secs(20),
         ..VerbsConfig::default()
@@ -526,7 +525,7 @@ fn guest_verbs_bootstrap_strangers() {
     // 3. An honest hello is accepted once; the same bytes replayed are refused.
     let honest = [
         frame(&hello),
-        auth::data_tail(&auth::data_key(77), &info.challenge, &hello).to_vec(),
+        auth::data_tail(&id(1).data_key(), &info.challenge, &hello).to_vec(),
     ]
     .concat();
     let _s3 = send(&honest);
@@ -540,13 +539,20 @@ fn guest_verbs_bootstrap_strangers() {
     );
     assert_eq!(answer(s4), 0, "a replay got a reply");
     // 4. A real connector of the same job with another token.
-    auth::set_process_token(Some("wrong"));
-    let (other, _) = verbs::open(id(1), cfg, local, None).expect("open rxe0 again");
+    let wrong_token = Identity::new(77, 1).with_token(Some("wrong"));
+    let (other, _) = verbs::open(wrong_token, cfg.clone(), local, None).expect("open rxe0 again");
     let _conn = other.connect(&handle, 0, Duration::from_secs(5));
     assert!(
         listener.accept(Duration::from_secs(3)).is_err(),
         "a connector with another token was accepted"
     );
+    // 5. The check every transport passes (tcp and shm in the host tests).
+    busbw_transports::conformance::refuses_strangers(78, &|id| {
+        verbs::open(id, cfg.clone(), local, None)
+            .map(|(t, _)| t)
+            .map_err(|e| format!("open rxe0: {e}"))
+    })
+    .unwrap_or_else(|why| panic!("verbs: {why}"));
     println!("guest_verbs_bootstrap_strangers: all refused");
 }
 

@@ -27,10 +27,7 @@ pub fn thread_world(
     let job = std::process::id() as u64 ^ 0x5eed;
     let mut parts = Vec::with_capacity(n);
     for rank in 0..n {
-        let id = Identity {
-            job,
-            rank: rank as u32,
-        };
+        let id = Identity::new(job, rank as u32);
         let t: Box<dyn Transport> = match kind {
             ThreadTransport::Inproc => Box::new(InprocTransport::new(id)),
             ThreadTransport::InprocDevice => Box::new(InprocTransport::with_device_memory(id)),

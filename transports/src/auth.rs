@@ -12,10 +12,11 @@
 //!
 //! Authentication, not secrecy: payload and store values travel in the clear, as NCCL's do.
 
+use crate::Identity;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 /// Bytes of a nonce or challenge.
 pub const NONCE_LEN: usize = 16;
@@ -33,7 +34,7 @@ pub mod label {
 }
 
 /// The key every proof of one job is made with.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Key([u8; 32]);
 
 impl std::fmt::Debug for Key {
@@ -80,30 +81,6 @@ impl Key {
         }
         m
     }
-}
-
-/// The token key of this process, set once by the session before any transport exists, so
-/// that every transport (the job's and the tier groups') proves its connections with the
-/// job's token without the key threading through every constructor. Unset, it is the key of
-/// no token, so tests and single-process jobs need nothing.
-static PROCESS_KEY: OnceLock<Mutex<Key>> = OnceLock::new();
-
-fn process_slot() -> &'static Mutex<Key> {
-    PROCESS_KEY.get_or_init(|| Mutex::new(Key::from_token(None)))
-}
-
-/// Makes `token` the key data connections of this process authenticate with.
-pub fn set_process_token(token: Option<&str>) {
-    let mut k = process_slot().lock().unwrap_or_else(|e| e.into_inner());
-    *k = Key::from_token(token);
-}
-
-/// The key of data-plane job id `job` in this process.
-pub fn data_key(job: u64) -> Key {
-    process_slot()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .for_job(job)
 }
 
 /// Unpredictable bytes from the kernel. Falls back to a hash of the clock and pid only if
@@ -165,11 +142,11 @@ pub struct DataGate {
 }
 
 impl DataGate {
-    /// A gate with a fresh challenge for listeners of job id `job`.
-    pub fn new(job: u64) -> DataGate {
+    /// A gate with a fresh challenge for the listeners of `identity`.
+    pub fn new(identity: &Identity) -> DataGate {
         DataGate {
             challenge: nonce(),
-            key: data_key(job),
+            key: identity.data_key(),
             seen: Mutex::new(HashSet::new()),
         }
     }
@@ -185,17 +162,20 @@ impl DataGate {
     }
 
     /// Reads the tail that follows `hello` on `stream` (whose read timeout bounds the wait)
-    /// and checks it: the one call a listener's handshake makes.
-    pub fn read_and_check(
+    /// and checks it: the one call a listener's handshake makes, before it believes anything
+    /// else the hello of a connector claiming to be `rank` says.
+    pub fn admit(
         &self,
         mut stream: impl std::io::Read,
         hello: &[u8],
+        rank: u32,
     ) -> Result<(), String> {
         let mut tail = [0u8; DATA_TAIL_LEN];
         stream
             .read_exact(&mut tail)
-            .map_err(|e| format!("no authentication after the hello ({e})"))?;
-        self.check(hello, &tail)
+            .map_err(|e| format!("no authentication after the hello ({e})"))
+            .and_then(|()| self.check(hello, &tail))
+            .map_err(|why| format!("claims to be rank {rank}: {why}"))
     }
 
     /// Checks the tail a connection sent after `hello`. `Err` says why in words for the
@@ -213,11 +193,15 @@ impl DataGate {
     }
 }
 
-/// The connecting side's one call: the tail for `hello` sent to the listener of `handle`, with
-/// the key of data-plane job id `job`.
-pub fn tail_for(handle: &[u8], job: u64, hello: &[u8]) -> Result<[u8; DATA_TAIL_LEN], String> {
+/// The connecting side's one call for text handles: the tail `identity` sends after `hello`
+/// to the listener of `handle`.
+pub fn tail_for(
+    handle: &[u8],
+    identity: &Identity,
+    hello: &[u8],
+) -> Result<[u8; DATA_TAIL_LEN], String> {
     let challenge = challenge_in(handle)?;
-    Ok(data_tail(&data_key(job), &challenge, hello))
+    Ok(data_tail(&identity.data_key(), &challenge, hello))
 }
 
 /// The challenge a listener published in its text handle (`... auth=<32 hex digits>`).
@@ -298,7 +282,8 @@ mod tests {
 
     #[test]
     fn data_gate_accepts_once_and_refuses_strangers_and_replays() {
-        let gate = DataGate::new(42);
+        let data_key = |job| Identity::new(job, 0).data_key();
+        let gate = DataGate::new(&Identity::new(42, 3));
         let hello = [7u8; 32];
         let tail = data_tail(&data_key(42), gate.challenge(), &hello);
         assert_eq!(gate.check(&hello, &tail), Ok(()));
@@ -312,7 +297,22 @@ mod tests {
         let fresh = data_tail(&data_key(42), gate.challenge(), &hello);
         assert!(gate.check(&[8u8; 32], &fresh).is_err());
         assert!(gate.check(&hello, &fresh[..40]).is_err());
+        // The same job id with another token is a stranger too.
+        let token = Identity::new(42, 0).with_token(Some("other")).data_key();
+        let stranger = data_tail(&token, gate.challenge(), &hello);
+        assert!(gate.check(&hello, &stranger).unwrap_err().contains("token"));
         assert_eq!(gate.check(&hello, &fresh), Ok(()));
+        let why = gate
+            .admit(
+                &data_tail(&data_key(42), gate.challenge(), &hello)[..],
+                &[1],
+                5,
+            )
+            .unwrap_err();
+        assert!(
+            why.starts_with("claims to be rank 5: wrong job token"),
+            "{why}"
+        );
     }
 
     /// The stable twin of `fuzz/fuzz_targets/data_hello.rs`: random and mutated inputs.
@@ -320,7 +320,7 @@ mod tests {
     fn random_and_mutated_data_hellos_never_verify_or_panic() {
         let handle = format!(
             "busbw-tcp/1 rank=1 addr=127.0.0.1:9{}",
-            DataGate::new(1).handle_field()
+            DataGate::new(&Identity::new(1, 0)).handle_field()
         );
         let mut seed = handle.len() as u8 as u64 | 0x5eed << 8;
         let mut next = move || {

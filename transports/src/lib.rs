@@ -13,8 +13,11 @@
 
 mod abort;
 pub mod auth;
+pub mod conformance;
+mod conn;
 mod error;
 mod frame;
+mod framed;
 pub mod iface;
 pub mod inproc;
 pub mod multi;
@@ -33,15 +36,45 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Handle(pub Vec<u8>);
 
-/// Who a transport instance speaks for. A connector sends it in its first frame; the acceptor
-/// refuses connections whose job token differs (a stray connection from another job or a port
-/// scanner), and listeners put the rank into their handles so both ends know their peer.
+/// Who a transport instance speaks for. A connector sends the job id and rank in its first
+/// frame and proves the job token over the listener's challenge; the acceptor refuses
+/// connections of another job id or without the proof (a stray connection from another job,
+/// a port scanner), and listeners put the rank into their handles so both ends know their
+/// peer. The token travels here rather than in a process-wide setting so that one process can
+/// hold ranks of different jobs (tests do) and no transport depends on set-up order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Identity {
-    /// Random per-job token agreed through the rendezvous store.
+    /// Random per-job id agreed through the rendezvous store (a group's is derived from it).
     pub job: u64,
-    /// Global rank of the connecting side.
+    /// Rank of the connecting side in its communicator.
     pub rank: u32,
+    /// The key of the job token ([`auth::Key::from_token`]); each job id proves with its own
+    /// key derived from it.
+    pub token: auth::Key,
+}
+
+impl Identity {
+    /// Rank `rank` of job id `job`, without a token.
+    pub fn new(job: u64, rank: u32) -> Identity {
+        Identity {
+            job,
+            rank,
+            token: auth::Key::from_token(None),
+        }
+    }
+
+    /// The same rank, proving `token` (none and empty are the same).
+    pub fn with_token(self, token: Option<&str>) -> Identity {
+        Identity {
+            token: auth::Key::from_token(token),
+            ..self
+        }
+    }
+
+    /// The key this identity's data connections prove the token with.
+    pub fn data_key(&self) -> auth::Key {
+        self.token.for_job(self.job)
+    }
 }
 
 /// Where a buffer lives. Transports advertise which kinds they can move directly.

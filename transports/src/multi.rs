@@ -327,7 +327,7 @@ mod tests {
     #[test]
     fn members_only_one_side_has_are_not_used() {
         let net = |rank, fancy: bool| {
-            let id = Identity { job: 5, rank };
+            let id = Identity::new(5, rank);
             let mut m = vec![];
             if fancy {
                 m.push(Member {
@@ -356,7 +356,7 @@ mod tests {
 
     fn rank(node: &str, rank: u32) -> MultiTransport {
         use crate::inproc::InprocTransport;
-        let id = Identity { job: 5, rank };
+        let id = Identity::new(5, rank);
         MultiTransport::new(
             vec![
                 Member {
@@ -407,10 +407,7 @@ mod tests {
         }
         let only_local = MultiTransport::new(
             vec![Member {
-                transport: Box::new(crate::inproc::InprocTransport::new(Identity {
-                    job: 5,
-                    rank: 2,
-                })),
+                transport: Box::new(crate::inproc::InprocTransport::new(Identity::new(5, 2))),
                 same_node_only: true,
             }],
             "host-c".into(),
@@ -426,7 +423,7 @@ mod tests {
     #[test]
     fn device_memory_needs_every_member_and_a_refusal_releases_the_others() {
         use crate::MemoryKind;
-        let id = Identity { job: 5, rank: 0 };
+        let id = Identity::new(5, 0);
         let held = Arc::new(AtomicIsize::new(0));
         let m = MultiTransport::new(
             vec![

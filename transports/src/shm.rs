@@ -40,9 +40,10 @@
 //! wait queue: poll(2) can wait on a TCP socket and several shared-memory peers at once,
 //! which a bare futex cannot, and the same socket already reports a dead peer.
 
+use crate::conn::{self, poll_fd, Deadline, Dialect, HelloHead, TextHandle};
 use crate::frame::{self, HEADER_LEN};
+use crate::framed::{FramedRecv, Inbound, Posted};
 use crate::slots::Slots;
-use crate::tcp::remaining;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
     SendComm, Sleep, Transport, TransportError,
@@ -52,11 +53,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long an accepted connection may take to send its hello.
-const HELLO_WAIT: Duration = Duration::from_secs(5);
-const HELLO_MAGIC: u64 = 0x6275_7362_775f_7368; // "busbw_sh"
+const DIALECT: Dialect = Dialect {
+    magic: 0x6275_7362_775f_7368, // "busbw_sh"
+    version: PROTOCOL_VERSION,
+    name: "busbw shm",
+};
 /// 2: the segment grew the sleeping flags and the socket carries doorbell bytes.
 const PROTOCOL_VERSION: u32 = 2;
 /// magic, version, rank, job, channel, (pad), ring size, pid, (pad), probe address.
@@ -126,50 +129,11 @@ fn valid_ring(n: usize) -> bool {
     n.is_power_of_two() && (MIN_RING..=MAX_RING).contains(&n)
 }
 
-/// Parses `busbw-shm/1 rank=<r> pid=<pid> sock=@<abstract name>`.
+/// Parses `busbw-shm/1 rank=<r> pid=<pid> sock=@<abstract name> auth=<challenge>`.
 fn parse_handle(handle: &Handle) -> Result<(u32, String)> {
-    let text = std::str::from_utf8(&handle.0)
-        .map_err(|_| TransportError::BadHandle("not UTF-8 (not an shm handle?)".into()))?;
-    let mut parts = text.split_whitespace();
-    if parts.next() != Some(HANDLE_PREFIX) {
-        return Err(TransportError::BadHandle(format!(
-            "{text:?} is not a {HANDLE_PREFIX} handle"
-        )));
-    }
-    let mut rank = None;
-    let mut sock = None;
-    for p in parts {
-        if let Some(v) = p.strip_prefix("rank=") {
-            rank = v.parse::<u32>().ok();
-        } else if let Some(v) = p.strip_prefix("sock=@") {
-            sock = Some(v.to_string()).filter(|s| !s.is_empty() && s.len() < 100);
-        }
-    }
-    match (rank, sock) {
-        (Some(r), Some(s)) => Ok((r, s)),
-        _ => Err(TransportError::BadHandle(format!(
-            "{text:?} lacks a valid rank= or sock=@"
-        ))),
-    }
-}
-
-fn poll_fd(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: pfd is a valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(0);
-        }
-        return Err(e);
-    }
-    Ok(if rc > 0 { pfd.revents } else { 0 })
+    let h = TextHandle::parse(handle, HANDLE_PREFIX, "an shm")?;
+    let sock = h.field("sock=@").filter(|s| !s.is_empty() && s.len() < 100);
+    Ok((h.rank, sock.ok_or_else(|| h.lacks("sock=@"))?.to_string()))
 }
 
 /// Whether the peer behind `sock` has gone away (closed its end, or died). Doorbell bytes
@@ -498,7 +462,7 @@ fn send_hello(
     sock: RawFd,
     hello: &[u8; HELLO_LEN],
     fd: RawFd,
-    deadline: Instant,
+    deadline: &Deadline,
 ) -> io::Result<()> {
     loop {
         let mut iov = libc::iovec {
@@ -535,7 +499,7 @@ fn send_hello(
         match e.kind() {
             io::ErrorKind::Interrupted => {}
             io::ErrorKind::WouldBlock => {
-                let left = remaining(deadline).ok_or(io::ErrorKind::TimedOut)?;
+                let left = deadline.left().ok_or(io::ErrorKind::TimedOut)?;
                 poll_fd(sock, libc::POLLOUT, left.min(Duration::from_millis(50)))?;
             }
             _ => return Err(e),
@@ -631,7 +595,7 @@ impl Transport for ShmTransport {
         );
         let listener = UnixListener::bind_addr(&abstract_addr(&name)?)?;
         listener.set_nonblocking(true)?;
-        let gate = crate::auth::DataGate::new(self.identity.job);
+        let gate = crate::auth::DataGate::new(&self.identity);
         let handle = Handle(
             format!(
                 "{HANDLE_PREFIX} rank={} pid={pid} sock=@{name}{}",
@@ -658,7 +622,7 @@ impl Transport for ShmTransport {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
         let (peer, name) = parse_handle(handle)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let io_err = |error| TransportError::PeerIo { peer, error };
         // The listener exists before its handle is published, but its backlog may be full
         // while the peer is busy connecting itself: retry to the deadline.
@@ -666,23 +630,23 @@ impl Transport for ShmTransport {
             if let Some(s) = try_connect(&name).map_err(io_err)? {
                 break s;
             }
-            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
-                secs: timeout.as_secs_f64(),
-                what: format!(
+            let left = deadline.left_or(|| {
+                format!(
                     "connecting to rank {peer} over shared memory at @{name} \
                      (is it on this host and in this network namespace?)"
-                ),
+                )
             })?;
             std::thread::sleep(Duration::from_millis(10).min(left));
         };
         let ring_bytes = self.config.ring_bytes;
         let (memfd, seg) = create_segment(ring_bytes).map_err(io_err)?;
         let mut hello = [0u8; HELLO_LEN];
-        hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        hello[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        hello[12..16].copy_from_slice(&self.identity.rank.to_le_bytes());
-        hello[16..24].copy_from_slice(&self.identity.job.to_le_bytes());
-        hello[24..28].copy_from_slice(&channel.to_le_bytes());
+        let head = HelloHead {
+            rank: self.identity.rank,
+            job: self.identity.job,
+            channel,
+        };
+        DIALECT.encode(&head, &mut hello);
         hello[32..40].copy_from_slice(&(ring_bytes as u64).to_le_bytes());
         hello[40..44].copy_from_slice(&std::process::id().to_le_bytes());
         let probe = if self.config.single_copy {
@@ -691,9 +655,9 @@ impl Transport for ShmTransport {
             0
         };
         hello[48..56].copy_from_slice(&probe.to_le_bytes());
-        let tail = crate::auth::tail_for(&handle.0, self.identity.job, &hello)
+        let tail = crate::auth::tail_for(&handle.0, &self.identity, &hello)
             .map_err(TransportError::BadHandle)?;
-        send_hello(sock.as_raw_fd(), &hello, memfd.as_raw_fd(), deadline).map_err(io_err)?;
+        send_hello(sock.as_raw_fd(), &hello, memfd.as_raw_fd(), &deadline).map_err(io_err)?;
         // A fresh socket's buffer takes these 48 bytes whole, in one send.
         // SAFETY: send from a live buffer of the given length on a socket we own.
         let sent = unsafe {
@@ -738,14 +702,6 @@ impl ShmListener {
         &self,
         stream: &UnixStream,
     ) -> std::result::Result<(u32, u32, Segment, i32), String> {
-        // Independent of the accept deadline: a caller polling accept in short slices (the
-        // multi-transport) must not refuse a peer whose hello is a few milliseconds late
-        // on a loaded host. A stranger that never speaks costs at most this long.
-        let wait = HELLO_WAIT;
-        stream
-            .set_nonblocking(false)
-            .and_then(|_| stream.set_read_timeout(Some(wait)))
-            .map_err(|e| e.to_string())?;
         let (hello, fd) =
             recv_hello(stream).map_err(|e| format!("no complete hello frame ({e})"))?;
         let word = |r: std::ops::Range<usize>| {
@@ -753,26 +709,9 @@ impl ShmListener {
             b[..r.len()].copy_from_slice(&hello[r]);
             u64::from_le_bytes(b)
         };
-        if word(0..8) != HELLO_MAGIC {
-            return Err("not a busbw shm connection (bad magic)".into());
-        }
-        if word(8..12) != PROTOCOL_VERSION as u64 {
-            return Err(format!(
-                "busbw shm protocol {} where {PROTOCOL_VERSION} is spoken (mixed versions?)",
-                word(8..12)
-            ));
-        }
-        let rank = word(12..16) as u32;
-        if word(16..24) != self.identity.job {
-            return Err(format!(
-                "rank {rank} belongs to another job or has another job token"
-            ));
-        }
+        let HelloHead { rank, channel, .. } = DIALECT.decode(&hello, self.identity.job)?;
         // Before the segment is mapped or the claimed pid's memory probed.
-        self.gate
-            .read_and_check(stream, &hello)
-            .map_err(|why| format!("claims to be rank {rank}: {why}"))?;
-        let channel = word(24..28) as u32;
+        self.gate.admit(stream, &hello, rank)?;
         let ring_bytes = word(32..40) as usize;
         if !valid_ring(ring_bytes) {
             return Err(format!(
@@ -816,55 +755,35 @@ impl ShmListener {
 
 impl Listener for ShmListener {
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
-                secs: timeout.as_secs_f64(),
-                what: "waiting for a peer to connect over shared memory".into(),
-            })?;
-            if poll_fd(self.listener.as_raw_fd(), libc::POLLIN, left)? == 0 {
-                continue;
-            }
-            let stream = match self.listener.accept() {
-                Ok((s, _)) => s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    continue
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let (peer, channel, seg, peer_pid) = match self.handshake(&stream) {
-                Ok(x) => x,
-                Err(why) => {
-                    eprintln!("busbw: refused a shared-memory connection: {why}");
-                    continue;
-                }
-            };
-            stream.set_nonblocking(true)?;
-            return Ok(Box::new(ShmRecvComm {
-                slots: Slots::new(self.config.max_requests, peer),
-                seg,
-                sock: stream.into(),
-                peer,
-                channel,
-                head: 0,
-                tail_cache: 0,
-                head_published: 0,
-                incoming: None,
-                got: 0,
-                stalls: 0,
-                hangup: false,
-                peer_pid,
-                remote: None,
-                cma_done: 0,
-            }));
-        }
+        let deadline = Deadline::after(timeout);
+        let (stream, (peer, channel, seg, peer_pid)) = conn::accept(
+            &self.listener,
+            &deadline,
+            ("shared-memory connection", " over shared memory"),
+            |s| self.handshake(s),
+        )?;
+        stream.set_nonblocking(true)?;
+        let inbound = ShmInbound {
+            seg,
+            sock: stream.into(),
+            peer,
+            head: 0,
+            tail_cache: 0,
+            head_published: 0,
+            incoming: None,
+            got: 0,
+            stalls: 0,
+            hangup: false,
+            peer_pid,
+            remote: None,
+            cma_done: 0,
+        };
+        Ok(Box::new(FramedRecv::new(
+            inbound,
+            peer,
+            channel,
+            self.config.max_requests,
+        )))
     }
 }
 
@@ -1054,21 +973,11 @@ impl Drop for ShmSendComm {
     }
 }
 
-struct RecvReq {
-    ptr: *mut u8,
-    len: usize,
-    tag: u32,
-}
-
-// SAFETY: as for SendReq.
-unsafe impl Send for RecvReq {}
-
-struct ShmRecvComm {
-    slots: Slots<RecvReq>,
+/// The receiving end of a connection: the consumer side of the segment's ring.
+struct ShmInbound {
     seg: Segment,
     sock: OwnedFd,
     peer: u32,
-    channel: u32,
     /// Our copy of the consumer counter (the shared one is only ever written by us).
     head: u64,
     /// Last producer counter read from the segment.
@@ -1089,7 +998,7 @@ struct ShmRecvComm {
     cma_done: u64,
 }
 
-impl ShmRecvComm {
+impl ShmInbound {
     /// Refreshes the producer counter; true when at least `need` bytes are readable.
     fn available(&mut self, need: u64) -> bool {
         if self.tail_cache - self.head >= need {
@@ -1127,9 +1036,11 @@ impl ShmRecvComm {
         }
         Ok(())
     }
+}
 
-    fn progress(&mut self) -> Result<()> {
-        while self.slots.has_pending() {
+impl Inbound for ShmInbound {
+    fn progress(&mut self, queue: &mut Posted) -> Result<()> {
+        while queue.has_pending() {
             if self.incoming.is_none() {
                 if !self.available(HEADER_LEN as u64) {
                     return self.stalled();
@@ -1152,8 +1063,7 @@ impl ShmRecvComm {
                     };
                 }
                 let peer = self.peer;
-                let req = self
-                    .slots
+                let req = queue
                     .front()
                     .ok_or(TransportError::UnknownRequest(u32::MAX))?;
                 let hdr: &[u8; HEADER_LEN] = h[..HEADER_LEN].try_into().unwrap_or(&[0; HEADER_LEN]);
@@ -1173,7 +1083,7 @@ impl ShmRecvComm {
                 self.got = 0;
             }
             let want = self.incoming.unwrap_or(0);
-            let Some(req) = self.slots.front() else {
+            let Some(req) = queue.front() else {
                 return Ok(());
             };
             let ptr = req.ptr;
@@ -1205,46 +1115,20 @@ impl ShmRecvComm {
                 self.got += n;
                 self.publish();
             }
-            self.slots.complete_front(want);
+            queue.complete_front(want);
             self.incoming = None;
         }
         // A header-only message moved head without a store above.
         self.publish();
         Ok(())
     }
-}
 
-impl RecvComm for ShmRecvComm {
-    unsafe fn irecv(
-        &mut self,
-        registration: &Registration,
-        ptr: *mut u8,
-        len: usize,
-        tag: u32,
-    ) -> Result<RequestId> {
-        registration.check(ptr, len)?;
-        self.slots.post(RecvReq { ptr, len, tag })
-    }
-
-    fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
-        self.progress()?;
-        self.slots.take(request)
-    }
-
-    fn peer(&self) -> u32 {
-        self.peer
-    }
-
-    fn channel(&self) -> u32 {
-        self.channel
-    }
-
-    fn sleep_on(&mut self) -> Sleep {
+    fn sleep_on(&mut self, queue: &Posted) -> Sleep {
         // Consumed space must be visible before we sleep, or a sender waiting for it would
         // sleep too.
         self.publish();
         let ctl = self.seg.ctl();
-        if !self.slots.has_pending()
+        if !queue.has_pending()
             || ctl.sender_closed.load(Ordering::Acquire) != 0
             || !arm(&ctl.recv_sleeping, &ctl.tail, self.tail_cache)
         {
@@ -1259,7 +1143,7 @@ impl RecvComm for ShmRecvComm {
     }
 }
 
-impl Drop for ShmRecvComm {
+impl Drop for ShmInbound {
     fn drop(&mut self) {
         self.seg.ctl().receiver_closed.store(1, Ordering::Release);
     }

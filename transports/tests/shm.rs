@@ -15,7 +15,7 @@ const T: Duration = Duration::from_secs(10);
 const CHILD_ENV: &str = "BUSBW_SHM_TEST_CHILD";
 
 fn shm(rank: u32, job: u64) -> ShmTransport {
-    ShmTransport::new(Identity { job, rank }, ShmConfig::default())
+    ShmTransport::new(Identity::new(job, rank), ShmConfig::default())
 }
 
 fn host(ptr: *const u8, len: usize) -> MemRegion {
@@ -344,8 +344,8 @@ fn shm_small_ring_and_channels() {
         // The ring path, wrapping around many times per message.
         single_copy: false,
     };
-    let a = ShmTransport::new(Identity { job: 5, rank: 0 }, cfg.clone());
-    let b = ShmTransport::new(Identity { job: 5, rank: 1 }, cfg);
+    let a = ShmTransport::new(Identity::new(5, 0), cfg.clone());
+    let b = ShmTransport::new(Identity::new(5, 1), cfg);
     assert_eq!(a.properties().max_requests, 8);
     let (handle, mut listener) = b.listen().unwrap();
     let mut sends: Vec<_> = (0..3).map(|c| a.connect(&handle, c, T).unwrap()).collect();
@@ -530,7 +530,7 @@ fn shm_leaves_nothing_behind() {
 fn shm_vs_tcp_throughput() {
     let tcp = |rank| -> Box<dyn Transport> {
         Box::new(TcpTransport::new(
-            Identity { job: 1, rank },
+            Identity::new(1, rank),
             TcpConfig::default(),
         ))
     };
@@ -627,7 +627,7 @@ macro_rules! sleep_until_done {
 #[test]
 fn shm_sleepers_are_woken_by_the_peer() {
     let a = ShmTransport::new(
-        Identity { job: 9, rank: 0 },
+        Identity::new(9, 0),
         ShmConfig {
             ring_bytes: 4096,
             ..ShmConfig::default()
@@ -693,8 +693,8 @@ fn shm_single_copy_large_messages() {
             single_copy,
             ..ShmConfig::default()
         };
-        let a = ShmTransport::new(Identity { job: 8, rank: 0 }, cfg.clone());
-        let b = ShmTransport::new(Identity { job: 8, rank: 1 }, cfg);
+        let a = ShmTransport::new(Identity::new(8, 0), cfg.clone());
+        let b = ShmTransport::new(Identity::new(8, 1), cfg);
         let (handle, mut listener) = b.listen().unwrap();
         let mut send = a.connect(&handle, 0, T).unwrap();
         let mut recv = listener.accept(T).unwrap();

@@ -13,7 +13,7 @@ const T: Duration = Duration::from_secs(10);
 
 fn tcp(rank: u32, job: u64) -> Box<dyn Transport> {
     Box::new(TcpTransport::new(
-        Identity { job, rank },
+        Identity::new(job, rank),
         TcpConfig::default(),
     ))
 }
@@ -21,7 +21,7 @@ fn tcp(rank: u32, job: u64) -> Box<dyn Transport> {
 /// TCP with helper threads and several data sockets per connection (long messages split).
 fn tcp_lanes(rank: u32, job: u64) -> Box<dyn Transport> {
     Box::new(TcpTransport::new(
-        Identity { job, rank },
+        Identity::new(job, rank),
         TcpConfig {
             threads: 2,
             socks_per_thread: 2,
@@ -31,7 +31,7 @@ fn tcp_lanes(rank: u32, job: u64) -> Box<dyn Transport> {
 }
 
 fn inproc(rank: u32, job: u64) -> Box<dyn Transport> {
-    Box::new(InprocTransport::new(Identity { job, rank }))
+    Box::new(InprocTransport::new(Identity::new(job, rank)))
 }
 
 fn wait_send(
@@ -249,6 +249,36 @@ fn tcp_refuses_stray_connections() {
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
 }
 
+/// Whoever cannot prove the job token is refused, by tcp (with and without helper sockets) and
+/// shm here, and by verbs in `bench/tests/rdma.rs` (`verbs_bootstrap_refuses_strangers`, in a
+/// SoftRoCE guest), through the same check.
+#[test]
+fn every_transport_refuses_connectors_without_the_token() {
+    use busbw_transports::shm::{ShmConfig, ShmTransport};
+    type Make = fn(Identity) -> Result<Box<dyn Transport>, String>;
+    let transports: [(&str, Make); 3] = [
+        ("tcp", |id| {
+            Ok(Box::new(TcpTransport::new(id, TcpConfig::default())))
+        }),
+        ("tcp with helper sockets", |id| {
+            let cfg = TcpConfig {
+                threads: 2,
+                socks_per_thread: 2,
+                ..TcpConfig::default()
+            };
+            Ok(Box::new(TcpTransport::new(id, cfg)))
+        }),
+        ("shm", |id| {
+            Ok(Box::new(ShmTransport::new(id, ShmConfig::default())))
+        }),
+    ];
+    for (i, (name, make)) in transports.into_iter().enumerate() {
+        busbw_transports::conformance::refuses_strangers(700 + i as u64, &make)
+            .unwrap_or_else(|why| panic!("{name}: {why}"));
+    }
+    println!("inproc: not checked (its ranks share one process, nothing to authenticate)");
+}
+
 /// A TCP hello (protocol 2, 48 bytes: no extra sockets) as a stranger would forge it: right
 /// magic, version and job id.
 fn forged_hello(rank: u32, job: u64) -> [u8; 48] {
@@ -285,7 +315,8 @@ fn tcp_refuses_forged_replayed_and_truncated_hellos() {
     );
     let _forged = send(&[&hello[..], &wrong[..]].concat());
     // A genuine hello and proof (what a sniffer records), then the same bytes again.
-    let genuine = busbw_transports::auth::tail_for(&handle.0, 91, &hello).unwrap();
+    let genuine =
+        busbw_transports::auth::tail_for(&handle.0, &Identity::new(91, 3), &hello).unwrap();
     let recorded = [&hello[..], &genuine[..]].concat();
     let _first = send(&recorded);
     let _replayed = send(&recorded);
@@ -505,7 +536,7 @@ fn cpu_transports_refuse_device_memory_and_say_to_stage() {
     use busbw_transports::shm::{ShmConfig, ShmTransport};
     let shm = |rank, job| -> Box<dyn Transport> {
         Box::new(ShmTransport::new(
-            Identity { job, rank },
+            Identity::new(job, rank),
             ShmConfig::default(),
         ))
     };

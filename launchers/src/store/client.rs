@@ -92,7 +92,7 @@ impl TcpStoreClient {
                         Ok(()) => {
                             let client = Self {
                                 addr: addr.to_string(),
-                                key: key.clone(),
+                                key,
                                 op_timeout,
                                 idle: Mutex::new(Vec::new()),
                                 live: Mutex::new(HashMap::new()),

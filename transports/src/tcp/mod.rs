@@ -17,7 +17,9 @@
 mod lanes;
 
 use crate::auth;
+use crate::conn::{self, Deadline, Dialect, HelloHead, TextHandle, HEAD_LEN, PREFIX_LEN};
 use crate::frame::{self, HEADER_LEN};
+use crate::framed::{FramedRecv, Inbound, Posted};
 use crate::slots::Slots;
 use crate::{
     Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
@@ -30,15 +32,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-/// How long an accepted connection may take to send its hello.
-const HELLO_WAIT: Duration = Duration::from_secs(5);
-const HELLO_MAGIC: u64 = 0x6275_7362_775f_7463; // "busbw_tc"
-/// 2: the hello grew lane fields (index, count, helper threads, connection id).
-const PROTOCOL_VERSION: u32 = 2;
+const DIALECT: Dialect = Dialect {
+    magic: 0x6275_7362_775f_7463, // "busbw_tc"
+    // 2: the hello grew lane fields (index, count, helper threads, connection id).
+    version: 2,
+    name: "busbw",
+};
 const HELLO_LEN: usize = 48;
-/// Magic and version come first and are checked before the rest is awaited, so a peer of
-/// another version is named as such instead of timing out on a shorter hello.
-const HELLO_PREFIX: usize = 12;
 const MSG_MAGIC: u32 = 0xb05b_b0f1;
 const HANDLE_PREFIX: &str = "busbw-tcp/1";
 
@@ -121,31 +121,11 @@ impl TcpTransport {
     }
 }
 
-/// Parses `busbw-tcp/1 rank=<r> addr=<ip:port>`. Text, so a store dump is readable.
+/// Parses `busbw-tcp/1 rank=<r> addr=<ip:port> auth=<challenge>`.
 fn parse_handle(handle: &Handle) -> Result<(u32, SocketAddr)> {
-    let text = std::str::from_utf8(&handle.0)
-        .map_err(|_| TransportError::BadHandle("not UTF-8 (not a TCP handle?)".into()))?;
-    let mut parts = text.split_whitespace();
-    if parts.next() != Some(HANDLE_PREFIX) {
-        return Err(TransportError::BadHandle(format!(
-            "{text:?} is not a {HANDLE_PREFIX} handle"
-        )));
-    }
-    let mut rank = None;
-    let mut addr = None;
-    for p in parts {
-        if let Some(v) = p.strip_prefix("rank=") {
-            rank = v.parse::<u32>().ok();
-        } else if let Some(v) = p.strip_prefix("addr=") {
-            addr = v.parse::<SocketAddr>().ok();
-        }
-    }
-    match (rank, addr) {
-        (Some(r), Some(a)) => Ok((r, a)),
-        _ => Err(TransportError::BadHandle(format!(
-            "{text:?} lacks a valid rank= or addr="
-        ))),
-    }
+    let h = TextHandle::parse(handle, HANDLE_PREFIX, "a TCP")?;
+    let addr = h.field("addr=").and_then(|v| v.parse::<SocketAddr>().ok());
+    Ok((h.rank, addr.ok_or_else(|| h.lacks("addr="))?))
 }
 
 fn set_buffers(stream: &TcpStream, sndbuf: usize, rcvbuf: usize) -> io::Result<()> {
@@ -170,48 +150,6 @@ fn set_buffers(stream: &TcpStream, sndbuf: usize, rcvbuf: usize) -> io::Result<(
         }
     }
     Ok(())
-}
-
-/// Connects to `addr` (rank `peer`) until `timeout`. A peer's listener exists before its
-/// handle is published, but a connect can still be refused transiently (SYN backlog full
-/// with many ranks, a route not up yet), so those errors are retried, as NCCL does; `what`
-/// describes the attempt in the timeout error.
-pub(crate) fn connect_retrying(
-    addr: SocketAddr,
-    peer: u32,
-    timeout: Duration,
-    what: impl Fn() -> String,
-) -> Result<TcpStream> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
-            secs: timeout.as_secs_f64(),
-            what: what(),
-        })?;
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => return Ok(s),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                        | io::ErrorKind::HostUnreachable
-                        | io::ErrorKind::NetworkUnreachable
-                        | io::ErrorKind::AddrNotAvailable
-                ) =>
-            {
-                std::thread::sleep(Duration::from_millis(50).min(left));
-            }
-            Err(e) => return Err(TransportError::PeerIo { peer, error: e }),
-        }
-    }
-}
-
-pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
 }
 
 impl Transport for TcpTransport {
@@ -247,7 +185,7 @@ impl Transport for TcpTransport {
         };
         let addr = SocketAddr::new(ip, local.port());
         listener.set_nonblocking(true)?;
-        let gate = auth::DataGate::new(self.identity.job);
+        let gate = auth::DataGate::new(&self.identity);
         let handle =
             Handle(format!("{HANDLE_PREFIX} rank={} addr={addr}", self.identity.rank).into_bytes());
         let handle = Handle([handle.0, gate.handle_field().into_bytes()].concat());
@@ -270,35 +208,36 @@ impl Transport for TcpTransport {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
         let (peer, addr) = parse_handle(handle)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         self.config
             .validate()
             .map_err(TransportError::Unsupported)?;
         let lanes = self.config.lanes();
         let hello = Hello {
-            rank: self.identity.rank,
-            job: self.identity.job,
-            channel,
+            head: HelloHead {
+                rank: self.identity.rank,
+                job: self.identity.job,
+                channel,
+            },
             index: 0,
             lanes: lanes as u32,
             threads: self.config.threads as u32,
             conn: if lanes > 0 { connection_id() } else { 0 },
         };
         let open = |index: u32| -> Result<TcpStream> {
-            let left = remaining(deadline).unwrap_or(Duration::from_millis(1));
-            let stream = connect_retrying(addr, peer, left, || {
+            let stream = conn::connect_tcp(addr, peer, &deadline, || {
                 format!("connecting to rank {peer} at {addr}")
             })?;
             let io_err = |error| TransportError::PeerIo { peer, error };
             stream.set_nodelay(true).map_err(io_err)?;
             set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;
             let mut s = &stream;
-            s.set_write_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
+            s.set_write_timeout(deadline.left().or(Some(Duration::from_millis(1))))
                 .map_err(io_err)?;
             // Every socket of the connection proves the job token against the listener's
             // challenge, with a fresh nonce each (the listener refuses replays).
             let bytes = Hello { index, ..hello }.encode();
-            let tail = auth::tail_for(&handle.0, self.identity.job, &bytes)
+            let tail = auth::tail_for(&handle.0, &self.identity, &bytes)
                 .map_err(TransportError::BadHandle)?;
             s.write_all(&[&bytes[..], &tail[..]].concat())
                 .map_err(io_err)?;
@@ -329,12 +268,10 @@ impl Transport for TcpTransport {
     }
 }
 
-/// The first frame of every socket of a connection.
+/// The first frame of every socket of a connection: the common head, then the lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Hello {
-    rank: u32,
-    job: u64,
-    channel: u32,
+    head: HelloHead,
     /// 0 for the control socket, 1..=lanes for the data sockets.
     index: u32,
     lanes: u32,
@@ -347,11 +284,7 @@ struct Hello {
 impl Hello {
     fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
-        b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&self.rank.to_le_bytes());
-        b[16..24].copy_from_slice(&self.job.to_le_bytes());
-        b[24..28].copy_from_slice(&self.channel.to_le_bytes());
+        DIALECT.encode(&self.head, &mut b);
         b[28..32].copy_from_slice(&self.index.to_le_bytes());
         b[32..36].copy_from_slice(&self.lanes.to_le_bytes());
         b[36..40].copy_from_slice(&self.threads.to_le_bytes());
@@ -361,53 +294,22 @@ impl Hello {
 
     /// Decodes a hello for a listener of job `job`, or says why it is not one of ours.
     fn decode(b: &[u8; HELLO_LEN], job: u64) -> std::result::Result<Hello, String> {
-        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let u64_at = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[at..at + 8]);
-            u64::from_le_bytes(w)
-        };
-        check_prefix(&b[..HELLO_PREFIX])?;
         let h = Hello {
-            rank: u32_at(12),
-            job: u64_at(16),
-            channel: u32_at(24),
-            index: u32_at(28),
-            lanes: u32_at(32),
-            threads: u32_at(36),
-            conn: u64_at(40),
+            head: DIALECT.decode(b, job)?,
+            index: conn::u32_at(b, HEAD_LEN),
+            lanes: conn::u32_at(b, 32),
+            threads: conn::u32_at(b, 36),
+            conn: conn::u64_at(b, 40),
         };
-        if h.job != job {
-            return Err(format!(
-                "rank {} belongs to another job or has another job token",
-                h.rank
-            ));
-        }
         if h.lanes as usize > MAX_LANES || h.index > h.lanes || h.threads as usize > MAX_THREADS {
             return Err(format!(
                 "rank {} asked for socket {} of {} with {} threads (at most {MAX_LANES} sockets, \
                  {MAX_THREADS} threads)",
-                h.rank, h.index, h.lanes, h.threads
+                h.head.rank, h.index, h.lanes, h.threads
             ));
         }
         Ok(h)
     }
-}
-
-/// Magic and protocol version, the part of a hello every version shares.
-fn check_prefix(b: &[u8]) -> std::result::Result<(), String> {
-    let mut m = [0u8; 8];
-    m.copy_from_slice(&b[0..8]);
-    if u64::from_le_bytes(m) != HELLO_MAGIC {
-        return Err("not a busbw connection (bad magic)".into());
-    }
-    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-    if version != PROTOCOL_VERSION {
-        return Err(format!(
-            "busbw wire protocol {version} where {PROTOCOL_VERSION} is spoken (mixed versions?)"
-        ));
-    }
-    Ok(())
 }
 
 /// Random enough to keep two connections of one peer and channel apart at the acceptor
@@ -437,34 +339,17 @@ struct TcpListenerComm {
 type ConnKey = (u32, u32, u64);
 
 impl TcpListenerComm {
-    /// Reads and checks the hello frame, returning it, or why the connection is not one of
-    /// ours.
-    fn handshake(&self, stream: &TcpStream) -> io::Result<Result<Hello, String>> {
-        // Independent of the accept deadline: a caller polling accept in short slices (the
-        // multi-transport) must not refuse a peer whose hello is a few milliseconds late
-        // on a loaded host. A stranger that never speaks costs at most this long.
-        let wait = HELLO_WAIT;
-        stream.set_nonblocking(false)?;
-        stream.set_read_timeout(Some(wait))?;
+    /// Reads and checks the hello frame and its proof, returning the hello, or why the
+    /// connection is not one of ours.
+    fn handshake(&self, mut s: &TcpStream) -> std::result::Result<Hello, String> {
         let mut hello = [0u8; HELLO_LEN];
-        let mut s = stream;
-        if let Err(e) = s.read_exact(&mut hello[..HELLO_PREFIX]) {
-            return Ok(Err(format!("no complete hello frame ({e})")));
-        }
-        if let Err(why) = check_prefix(&hello[..HELLO_PREFIX]) {
-            return Ok(Err(why));
-        }
-        if let Err(e) = s.read_exact(&mut hello[HELLO_PREFIX..]) {
-            return Ok(Err(format!("no complete hello frame ({e})")));
-        }
-        let h = match Hello::decode(&hello, self.identity.job) {
-            Ok(h) => h,
-            Err(why) => return Ok(Err(why)),
-        };
-        if let Err(why) = self.gate.read_and_check(s, &hello) {
-            return Ok(Err(format!("claims to be rank {}: {why}", h.rank)));
-        }
-        Ok(Ok(h))
+        let incomplete = |e: io::Error| format!("no complete hello frame ({e})");
+        s.read_exact(&mut hello[..PREFIX_LEN]).map_err(incomplete)?;
+        DIALECT.check_prefix(&hello)?;
+        s.read_exact(&mut hello[PREFIX_LEN..]).map_err(incomplete)?;
+        let h = Hello::decode(&hello, self.identity.job)?;
+        self.gate.admit(s, &hello, h.head.rank)?;
+        Ok(h)
     }
 
     /// Files an accepted socket under its connection; returns the connection's sockets
@@ -477,7 +362,7 @@ impl TcpListenerComm {
         // a long-lived listener does not accumulate them.
         self.pending
             .retain(|_, (_, since)| since.elapsed() < Duration::from_secs(600));
-        let key = (hello.rank, hello.channel, hello.conn);
+        let key = (hello.head.rank, hello.head.channel, hello.conn);
         let entry = self
             .pending
             .entry(key)
@@ -492,65 +377,15 @@ impl TcpListenerComm {
     }
 }
 
-pub(crate) fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-    // SAFETY: pfd is a valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(rc > 0)
-}
-
 impl Listener for TcpListenerComm {
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
-            let left = remaining(deadline).ok_or_else(|| TransportError::Timeout {
-                secs: timeout.as_secs_f64(),
-                what: "waiting for a peer to connect".into(),
-            })?;
-            if !poll_readable(self.listener.as_raw_fd(), left)? {
-                continue;
-            }
-            let (stream, from) = match self.listener.accept() {
-                Ok(pair) => pair,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    continue
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let refused = match self.handshake(&stream) {
-                Ok(Ok(hello)) => Ok(hello),
-                Ok(Err(why)) => Err(why),
-                Err(e) => Err(e.to_string()),
-            };
-            let hello = match refused {
-                Ok(hello) => hello,
-                Err(why) => {
-                    // A stranger: say so (a misconfigured job should be visible), drop it and
-                    // keep waiting for the peer we expect.
-                    eprintln!("busbw: refused a data connection from {from}: {why}");
-                    continue;
-                }
-            };
-            let (peer, channel) = (hello.rank, hello.channel);
+            let (stream, hello) =
+                conn::accept(&self.listener, &deadline, ("data connection", ""), |s| {
+                    self.handshake(s)
+                })?;
+            let (peer, channel) = (hello.head.rank, hello.head.channel);
             let io_err = |error| TransportError::PeerIo { peer, error };
             stream.set_nodelay(true).map_err(io_err)?;
             set_buffers(&stream, self.config.sndbuf, self.config.rcvbuf).map_err(io_err)?;
@@ -570,11 +405,9 @@ impl Listener for TcpListenerComm {
                     peer,
                 )?)
             };
-            return Ok(Box::new(TcpRecvComm {
-                slots: Slots::new(self.config.max_requests, peer),
+            let inbound = TcpInbound {
                 stream,
                 peer,
-                channel,
                 lanes,
                 split: None,
                 rx: vec![0; RX_BYTES].into_boxed_slice(),
@@ -582,7 +415,13 @@ impl Listener for TcpListenerComm {
                 rx_end: 0,
                 incoming: None,
                 got: 0,
-            }));
+            };
+            return Ok(Box::new(FramedRecv::new(
+                inbound,
+                peer,
+                channel,
+                self.config.max_requests,
+            )));
         }
     }
 }
@@ -735,15 +574,6 @@ impl SendComm for TcpSendComm {
     }
 }
 
-struct RecvReq {
-    ptr: *mut u8,
-    len: usize,
-    tag: u32,
-}
-
-// SAFETY: as for SendReq.
-unsafe impl Send for RecvReq {}
-
 /// Receive buffer per connection. Small messages arrive whole with their header in one
 /// recv(2) (the sender already writes header and payload with one sendmsg), so a short
 /// message costs one system call on each side instead of two on the receiver's.
@@ -753,11 +583,11 @@ const RX_BYTES: usize = 64 << 10;
 /// copied once.
 const INLINE_MAX: usize = 16 << 10;
 
-struct TcpRecvComm {
-    slots: Slots<RecvReq>,
+/// The receiving end of a connection: the control socket, its read-ahead buffer, and the
+/// lanes when long messages are split over helper sockets.
+struct TcpInbound {
     stream: TcpStream,
     peer: u32,
-    channel: u32,
     /// Bytes read from the socket but not consumed yet: `rx[rx_pos..rx_end]`.
     rx: Box<[u8]>,
     rx_pos: usize,
@@ -770,7 +600,7 @@ struct TcpRecvComm {
     split: Option<u64>,
 }
 
-impl TcpRecvComm {
+impl TcpInbound {
     fn read_some(&mut self, buf: *mut u8, len: usize) -> Result<Option<usize>> {
         loop {
             // SAFETY: buf..buf+len is writable memory (our header or the caller's buffer).
@@ -818,9 +648,11 @@ impl TcpRecvComm {
             None => Ok(false),
         }
     }
+}
 
-    fn progress(&mut self) -> Result<()> {
-        while let Some(req) = self.slots.front() {
+impl Inbound for TcpInbound {
+    fn progress(&mut self, queue: &mut Posted) -> Result<()> {
+        while let Some(req) = queue.front() {
             let (ptr, posted, tag) = (req.ptr, req.len, req.tag);
             if self.incoming.is_none() {
                 while self.rx_end - self.rx_pos < HEADER_LEN {
@@ -886,43 +718,17 @@ impl TcpRecvComm {
                     None => return Ok(()),
                 }
             }
-            self.slots.complete_front(want);
+            queue.complete_front(want);
             self.incoming = None;
         }
         Ok(())
-    }
-}
-
-impl RecvComm for TcpRecvComm {
-    unsafe fn irecv(
-        &mut self,
-        registration: &Registration,
-        ptr: *mut u8,
-        len: usize,
-        tag: u32,
-    ) -> Result<RequestId> {
-        registration.check(ptr, len)?;
-        self.slots.post(RecvReq { ptr, len, tag })
-    }
-
-    fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
-        self.progress()?;
-        self.slots.take(request)
-    }
-
-    fn peer(&self) -> u32 {
-        self.peer
-    }
-
-    fn channel(&self) -> u32 {
-        self.channel
     }
 
     fn readiness_fd(&self) -> Option<i32> {
         Some(self.stream.as_raw_fd())
     }
 
-    fn sleep_on(&mut self) -> crate::Sleep {
+    fn sleep_on(&mut self, _: &Posted) -> crate::Sleep {
         if self.split.is_some() {
             crate::Sleep::Nap
         } else {

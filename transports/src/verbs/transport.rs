@@ -15,7 +15,7 @@ use super::proto::{
     SendWire, CTS_LEN, EAGER_HEADER,
 };
 use super::{pick_port, PortChoice, VerbsConfig};
-use crate::tcp::poll_readable;
+use crate::conn::{self, Deadline, HELLO_WAIT};
 use crate::{
     Handle, Identity, Listener, MemRegion, Properties, PtrSupport, RecvComm, Registration,
     RequestId, Result, SendComm, Transport, TransportError,
@@ -27,8 +27,6 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long an accepted bootstrap connection may take to send its hello.
-const HELLO_WAIT: Duration = Duration::from_secs(5);
 const READY: u8 = 0x5a;
 
 /// The RDMA verbs transport of one rank: one device port (this local rank's rail).
@@ -176,7 +174,7 @@ impl Transport for VerbsTransport {
             local.ip()
         };
         listener.set_nonblocking(true)?;
-        let gate = crate::auth::DataGate::new(self.identity.job);
+        let gate = crate::auth::DataGate::new(&self.identity);
         let info = ListenInfo {
             rank: self.identity.rank,
             bootstrap: SocketAddr::new(ip, local.port()),
@@ -220,7 +218,7 @@ impl Transport for VerbsTransport {
             eager: self.cfg.eager as u32,
         };
         let addr = info.bootstrap;
-        let mut stream = crate::tcp::connect_retrying(addr, peer, timeout, || {
+        let mut stream = conn::connect_tcp(addr, peer, &Deadline::after(timeout), || {
             format!("connecting to rank {peer}'s verbs bootstrap at {addr}")
         })?;
         let io_err = |error| TransportError::PeerIo { peer, error };
@@ -229,8 +227,7 @@ impl Transport for VerbsTransport {
         // The hello, then the proof of the job token over the listener's challenge and this
         // very hello (a fresh nonce each time: the listener refuses replays).
         let hello = hello.encode();
-        let key = crate::auth::data_key(self.identity.job);
-        let tail = crate::auth::data_tail(&key, &info.challenge, &hello);
+        let tail = crate::auth::data_tail(&self.identity.data_key(), &info.challenge, &hello);
         stream
             .write_all(&[handshake::frame(&hello), tail.to_vec()].concat())
             .map_err(io_err)?;
@@ -295,21 +292,10 @@ struct VerbsListener {
 impl VerbsListener {
     /// Reads and checks a hello; `Err(why)` refuses the stranger.
     fn hello(&self, stream: &mut TcpStream) -> std::result::Result<Hello, String> {
-        stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-        stream
-            .set_read_timeout(Some(HELLO_WAIT))
-            .map_err(|e| e.to_string())?;
         let b = read_frame(stream).map_err(|e| format!("no complete hello ({e})"))?;
         let h = Hello::decode(&b)?;
-        if h.job != self.owner.identity.job {
-            return Err(format!(
-                "rank {} belongs to another job or has another job token",
-                h.rank
-            ));
-        }
-        self.gate
-            .read_and_check(&mut *stream, &b)
-            .map_err(|why| format!("claims to be rank {}: {why}", h.rank))?;
+        conn::same_job(h.rank, h.job, self.owner.identity.job)?;
+        self.gate.admit(&mut *stream, &b, h.rank)?;
         if h.fifo_depth as usize != self.owner.cfg.depth {
             return Err(format!(
                 "rank {} uses {} messages in flight where {} is used here",
@@ -404,39 +390,13 @@ impl VerbsListener {
 
 impl Listener for VerbsListener {
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(TransportError::Timeout {
-                    secs: timeout.as_secs_f64(),
-                    what: "waiting for a peer to connect".into(),
-                });
-            }
-            if !poll_readable(self.listener.as_raw_fd(), left)? {
-                continue;
-            }
-            let (mut stream, from) = match self.listener.accept() {
-                Ok(p) => p,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    continue
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match self.hello(&mut stream) {
-                Ok(h) => return self.accept_one(stream, h),
-                Err(why) => {
-                    eprintln!("busbw: refused a verbs bootstrap connection from {from}: {why}")
-                }
-            }
-        }
+        let (stream, h) = conn::accept(
+            &self.listener,
+            &Deadline::after(timeout),
+            ("verbs bootstrap connection", ""),
+            |s| self.hello(s),
+        )?;
+        self.accept_one(stream, h)
     }
 }
 
@@ -996,7 +956,7 @@ mod tests {
             );
             return;
         }
-        let id = |rank| Identity { job: 42, rank };
+        let id = |rank| Identity::new(42, rank);
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let a = VerbsTransport::new(id(0), cfg.clone(), ip, None).unwrap();
         let b = VerbsTransport::new(id(1), cfg, ip, None).unwrap();
@@ -1046,7 +1006,7 @@ mod tests {
             return;
         }
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let t = VerbsTransport::new(Identity { job: 1, rank: 0 }, cfg, ip, None).unwrap();
+        let t = VerbsTransport::new(Identity::new(1, 0), cfg, ip, None).unwrap();
         let p = t.properties().ptr_support;
         let gd = t.gpudirect().clone();
         assert_eq!(
