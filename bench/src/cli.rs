@@ -5,6 +5,8 @@ use crate::sizes::parse_size;
 use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
+use busbw_transports::multi::TransportKind;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::Path;
@@ -214,6 +216,11 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     algo.ok_or_else(|| {
         format!("unknown algorithm '{s}'; expected ring, tree, rd or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
     })
+}
+
+/// `--transport`: clap lists the possible values in its usage error and `--help`.
+fn transport_kind() -> impl TypedValueParser<Value = TransportKind> {
+    PossibleValuesParser::new(TransportKind::NAMES).try_map(|s| s.parse::<TransportKind>())
 }
 
 fn parse_launcher(s: &str) -> Result<Launcher, String> {
@@ -479,8 +486,8 @@ pub struct PerfArgs {
     /// Data transport: auto (shared memory to ranks on the same host, RDMA verbs to the others
     /// when both have a usable RoCE/IB port and busbw is built with `verbs`, else TCP), tcp,
     /// shm (same-host jobs only) or verbs (RDMA for every peer).
-    #[arg(long = "transport", env = "BUSBW_TRANSPORT", default_value = "auto", value_parser = ["auto", "tcp", "shm", "verbs"])]
-    pub transport: String,
+    #[arg(long = "transport", env = "BUSBW_TRANSPORT", default_value = "auto", value_parser = transport_kind())]
+    pub transport: TransportKind,
     /// RDMA devices and ports, NCCL_IB_HCA syntax (mlx5_0:1,mlx5_1, ^ to exclude, = exact);
     /// each local rank takes its own. NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY,
     /// NCCL_IB_ADDR_RANGE, NCCL_IB_TC, NCCL_IB_SL, NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT and

@@ -301,16 +301,12 @@ fn diagnose_hang(session: &Session, e: &anyhow::Error) -> Option<String> {
     let silent: Vec<String> = (0..n)
         .filter(|&p| !reported[p] && !waited_on[p].is_empty())
         .map(|p| {
+            let prefix = busbw_launchers::rank_info::PREFIX;
             let host = store
-                .get(&format!("info/{p}"))
+                .get(&format!("{prefix}/{p}"))
                 .ok()
                 .flatten()
-                .and_then(|v| {
-                    String::from_utf8_lossy(&v)
-                        .split('\t')
-                        .next()
-                        .map(String::from)
-                })
+                .and_then(|v| busbw_launchers::RankInfo::host_of(&v))
                 .unwrap_or_else(|| "?".into());
             let by: Vec<String> = waited_on[p].iter().map(|r| r.to_string()).collect();
             format!("rank {p} on {host} (waited on by rank {})", by.join(", "))
@@ -632,7 +628,7 @@ fn sweep(
                 world,
                 store,
                 &join_options(args),
-                &plan.transport,
+                plan.transport,
                 plan.timeout,
                 session.abort.clone(),
                 plan.gpus > 0,

@@ -7,6 +7,7 @@ use crate::specs::{CollectiveSpec, Redop};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_reports::Step;
+use busbw_transports::multi::TransportKind;
 use std::time::Duration;
 
 /// How per-rank times become the printed time (nccl-tests `-a`).
@@ -36,8 +37,8 @@ pub struct Plan {
     pub root: i64,
     /// AllReduce algorithm (collectives without a choice ignore it).
     pub algo: Algo,
-    /// `--transport`: auto, tcp or shm.
-    pub transport: String,
+    /// `--transport`.
+    pub transport: TransportKind,
     pub average: Average,
     /// 0: repeat until interrupted.
     pub cycles: u32,
@@ -308,7 +309,7 @@ impl Plan {
             ops,
             root: a.root,
             algo: if spec.algos { a.algo } else { Algo::Ring },
-            transport: a.transport.clone(),
+            transport: a.transport,
             average,
             cycles: a.run_cycles,
             timeout,
@@ -374,7 +375,7 @@ impl Plan {
             ("-o/--op", names(&ops)),
             ("-r/--root", self.root.to_string()),
             ("--algo", format!("{:?}", self.algo)),
-            ("--transport", self.transport.clone()),
+            ("--transport", self.transport.to_string()),
             ("-a/--average", format!("{:?}", self.average)),
             ("-N/--run_cycles", self.cycles.to_string()),
             ("-t/--nthreads", self.threads.to_string()),

@@ -7,11 +7,12 @@ use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::store::all_gather;
 use busbw_launchers::{
-    never_registered, rendezvous_with, token_digest, Rendezvous, StoreError, World,
+    never_registered, rank_info, rendezvous_with, token_digest, RankInfo, Rendezvous, StoreError,
+    World,
 };
 use busbw_reports::DeviceInfo;
 use busbw_transports::inproc::InprocTransport;
-use busbw_transports::multi::{node_identity, Member, MultiTransport};
+use busbw_transports::multi::{Member, MultiTransport, NodeId, TransportKind};
 use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
 use busbw_transports::{Abort, Handle, Identity, Transport};
@@ -184,7 +185,7 @@ impl Session {
                 rdv: Some(rdv),
                 abort,
                 devices,
-                transport_name: plan.transport.clone(),
+                transport_name: plan.transport.to_string(),
                 hosts,
             }),
             Err(e) => {
@@ -202,156 +203,19 @@ impl Session {
         }
     }
 
+    /// Joining in three steps: agree on the job (its id, the same flags everywhere), open
+    /// this rank's end (transports, listener, what it tells the others), exchange ends through
+    /// the store, and build the communicator from what came back.
     fn join_inner(
         world: &World,
         rdv: &Rendezvous,
         plan: &Plan,
         opts: &JoinOptions,
     ) -> Result<(Communicator, Vec<DeviceInfo>, Abort, Vec<String>)> {
-        let store = &rdv.store;
-        let (rank, size, timeout) = (world.rank, world.size, plan.timeout);
-        // Every rank's value of `prefix`, one packed blob per rank (see `all_gather`).
-        let gather = |prefix: &str, value: &[u8]| {
-            all_gather(store.as_ref(), prefix, rank, size, value, timeout)
-                .map_err(|e| name_missing(e, prefix))
-        };
-
-        if rank == 0 {
-            store.set("job", job_token().to_string().as_bytes())?;
-        }
-        let job = parse_u64(&store.wait(&["job"], timeout)?[0], "job token")?
-            ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
-
-        let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
-        let tcp = opts.tcp((bind, advertise));
-        // Every data connection (the job's, and through the factory the groups') proves the
-        // token.
-        let identity = Identity::new(job, rank as u32).with_token(opts.token.as_deref());
-        let tcp_only = tcp_transport(identity, tcp);
-        let node = node_identity(&world.hostname);
-        let verbs = crate::verbs::for_rank(
-            &plan.transport,
-            plan.gpus > 0,
-            opts.ib_hca.as_deref(),
-            world.local_rank,
-            timeout,
-            identity,
-            bind,
-            advertise,
-        )?;
-        let verbs_desc = verbs.as_ref().map(|(_, d)| d.clone());
-        // Kept unboxed until the routes are known: it says which member reaches each peer.
-        let multi = multi_transport(&plan.transport, identity, tcp, &node, verbs.map(|(m, _)| m))?;
-        let transport: &dyn Transport = match &multi {
-            Some(m) => m,
-            None => &*tcp_only,
-        };
-        let (handle, listener) = transport.listen().context("opening the data listener")?;
-        let info = format!(
-            "{}\t{}\t{}\t{}",
-            world.hostname,
-            std::process::id(),
-            world.local_rank,
-            node
-        );
-
-        // Configuration agreement: the same flags and the same busbw everywhere.
-        let mine = plan.fingerprint();
-        let plans = gather("plan", mine.as_bytes())
-            .context("waiting for every rank to publish its configuration")?;
-        let differ: Vec<(usize, String)> = plans
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| *p != mine.as_bytes())
-            .map(|(r, p)| (r, String::from_utf8_lossy(p).into_owned()))
-            .collect();
-        if !differ.is_empty() {
-            return Err(FlagsDiffer::new(rank, &mine, &differ).into());
-        }
-
-        let handles: Vec<Handle> = gather("handle", &handle.0)
-            .context("waiting for every rank's connection handle")?
-            .iter()
-            .map(|h| Handle(h.to_vec()))
-            .collect();
-
-        // Every rank learns every rank's host: the tree chains the ranks of one host, so all
-        // must agree on the node map; rank 0 also prints it.
-        let infos = gather("info", info.as_bytes())?;
-        // The transports this rank reaches its peers with, for its device line.
-        let mut routes: Vec<&str> = Vec::new();
-        for (r, h) in handles.iter().enumerate() {
-            if r == rank {
-                continue;
-            }
-            let name = match &multi {
-                Some(m) => m.route(h).with_context(|| {
-                    format!(
-                        "rank {r} cannot be reached with --transport {}",
-                        plan.transport
-                    )
-                })?,
-                None => "tcp",
-            };
-            if !routes.contains(&name) {
-                routes.push(name);
-            }
-        }
-        // In priority order (shared memory first), whatever order the peers came in.
-        routes.sort_by_key(|n| ["shm", "verbs", "tcp"].iter().position(|p| p == n));
-        let mut route = routes.join("+");
-        if let (true, Some(d)) = (routes.contains(&"verbs"), &verbs_desc) {
-            // The device block names the RDMA port and GID each rank uses.
-            route = format!("{route} [{d}]");
-        }
-        let route_names = gather("route", route.as_bytes())?;
-        let mut devices = Vec::new();
-        let mut node_ids = Vec::new();
-        let mut hosts = Vec::new();
-        for (r, raw) in infos.iter().enumerate() {
-            let text = String::from_utf8_lossy(raw);
-            let mut f = text.split('\t');
-            let host = f.next().unwrap_or("?").to_string();
-            hosts.push(host.clone());
-            let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            let local = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            node_ids.push(f.next().unwrap_or(&host).to_string());
-            let via = String::from_utf8_lossy(route_names.get(r).unwrap_or_default()).into_owned();
-            let via = if via.is_empty() {
-                "tcp".to_string()
-            } else {
-                via
-            };
-            devices.push(device_info(r, pid, &host, local, &via));
-        }
-        let nodes = node_map(node_ids.iter().map(String::as_str));
-        if rank != 0 {
-            devices.clear();
-        }
-
-        let abort = Abort::new();
-        rdv.watch_abort(abort.clone())?;
-        // Ranks that share this machine's cores: the same boot id (the part of the node
-        // identity after the host name), which network namespaces and containers on one
-        // machine share even where their host names differ (a simulated cluster).
-        let boot = |id: &str| id.rsplit('/').next().unwrap_or_default().to_string();
-        let my_boot = node_ids.get(rank).map(|id| boot(id));
-        let local_ranks = node_ids
-            .iter()
-            .filter(|id| Some(boot(id)) == my_boot)
-            .count();
-        let mut comm = Communicator::new(
-            match multi {
-                Some(m) => Box::new(m),
-                None => tcp_only,
-            },
-            listener,
-            handles,
-            comm_config(plan, &abort, local_ranks),
-        )?;
-        comm.set_nodes(nodes)?;
-        comm.connect_ring()?;
-        Ok((comm, devices, abort, hosts))
+        let job = agree(world, rdv, plan, opts)?;
+        let end = End::open(world, plan, opts, job)?;
+        let peers = exchange(world, rdv, plan, &end)?;
+        build(world, rdv, plan, end, peers)
     }
 
     /// Puts every rank's GPU into the `Using devices` lines (rank 0's copy): a rendezvous
@@ -397,10 +261,225 @@ impl Session {
     }
 }
 
+/// What one rank gathers from all: `prefix/<rank>` of every rank, in rank order (see
+/// `all_gather`); a rank that never published is named.
+fn gather(
+    world: &World,
+    rdv: &Rendezvous,
+    plan: &Plan,
+    prefix: &str,
+    value: &[u8],
+) -> Result<Vec<Vec<u8>>> {
+    all_gather(
+        rdv.store.as_ref(),
+        prefix,
+        world.rank,
+        world.size,
+        value,
+        plan.timeout,
+    )
+    .map(|g| g.iter().map(<[u8]>::to_vec).collect())
+    .map_err(|e| name_missing(e, prefix))
+}
+
+/// Agreement: the job id every data connection carries (rank 0 draws it, the token is mixed
+/// in), and the same flags and the same busbw on every rank, or a usage error naming what
+/// differs.
+fn agree(world: &World, rdv: &Rendezvous, plan: &Plan, opts: &JoinOptions) -> Result<u64> {
+    let store = &rdv.store;
+    if world.rank == 0 {
+        store.set("job", job_token().to_string().as_bytes())?;
+    }
+    let job = parse_u64(&store.wait(&["job"], plan.timeout)?[0], "job token")?
+        ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
+    let mine = plan.fingerprint();
+    let plans = gather(world, rdv, plan, "plan", mine.as_bytes())
+        .context("waiting for every rank to publish its configuration")?;
+    let differ: Vec<(usize, String)> = plans
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| *p != mine.as_bytes())
+        .map(|(r, p)| (r, String::from_utf8_lossy(p).into_owned()))
+        .collect();
+    if !differ.is_empty() {
+        return Err(FlagsDiffer::new(world.rank, &mine, &differ).into());
+    }
+    Ok(job)
+}
+
+/// This rank's end of the job: its transports, its listener, and what it tells the others.
+struct End {
+    /// `--transport tcp`'s transport, or the multi-transport of the others (kept unboxed
+    /// until the routes are known: it says which member reaches each peer).
+    transport: Transports,
+    listener: Box<dyn busbw_transports::Listener>,
+    handle: Handle,
+    info: RankInfo,
+    /// The RDMA port and GID, when this rank has a verbs member.
+    verbs: Option<String>,
+}
+
+enum Transports {
+    Tcp(Box<dyn Transport>),
+    Multi(MultiTransport),
+}
+
+impl End {
+    fn open(world: &World, plan: &Plan, opts: &JoinOptions, job: u64) -> Result<End> {
+        let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
+        let tcp = opts.tcp((bind, advertise));
+        // Every data connection (the job's, and through the factory the groups') proves the
+        // token.
+        let identity = Identity::new(job, world.rank as u32).with_token(opts.token.as_deref());
+        let node = NodeId::here(&world.hostname);
+        let verbs = crate::verbs::for_rank(
+            plan.transport,
+            plan.gpus > 0,
+            opts.ib_hca.as_deref(),
+            world.local_rank,
+            plan.timeout,
+            identity,
+            bind,
+            advertise,
+        )?;
+        let desc = verbs.as_ref().map(|(_, d)| d.clone());
+        let transport =
+            match multi_transport(plan.transport, identity, tcp, &node, verbs.map(|(m, _)| m))? {
+                Some(m) => Transports::Multi(m),
+                None => Transports::Tcp(tcp_transport(identity, tcp)),
+            };
+        let (handle, listener) = match &transport {
+            Transports::Tcp(t) => t.listen(),
+            Transports::Multi(m) => m.listen(),
+        }
+        .context("opening the data listener")?;
+        Ok(End {
+            transport,
+            listener,
+            handle,
+            info: RankInfo {
+                host: world.hostname.clone(),
+                pid: std::process::id(),
+                local_rank: world.local_rank,
+                node,
+            },
+            verbs: desc,
+        })
+    }
+}
+
+/// What the ranks learn of each other, in rank order.
+struct Peers {
+    handles: Vec<Handle>,
+    infos: Vec<RankInfo>,
+    /// The transports each rank reaches its peers with (`shm+tcp`), for the device lines.
+    routes: Vec<String>,
+}
+
+/// Exchange through the store: every rank's handle and description (the tree chains the
+/// ranks of one host, so all must agree on the node map), then the transports each rank
+/// reaches its peers with, worked out from the handles.
+fn exchange(world: &World, rdv: &Rendezvous, plan: &Plan, end: &End) -> Result<Peers> {
+    let handles: Vec<Handle> = gather(world, rdv, plan, "handle", &end.handle.0)
+        .context("waiting for every rank's connection handle")?
+        .into_iter()
+        .map(Handle)
+        .collect();
+    let infos = gather(
+        world,
+        rdv,
+        plan,
+        rank_info::PREFIX,
+        end.info.encode().as_bytes(),
+    )?
+    .iter()
+    .enumerate()
+    .map(|(r, raw)| {
+        RankInfo::decode(raw)
+            .map_err(|e| anyhow::anyhow!("rank {r} published a malformed description: {e}"))
+    })
+    .collect::<Result<Vec<_>>>()?;
+    let mut routes: Vec<&str> = Vec::new();
+    for (r, h) in handles.iter().enumerate() {
+        if r == world.rank {
+            continue;
+        }
+        let name = match &end.transport {
+            Transports::Multi(m) => m.route(h).with_context(|| {
+                format!(
+                    "rank {r} cannot be reached with --transport {}",
+                    plan.transport
+                )
+            })?,
+            Transports::Tcp(_) => "tcp",
+        };
+        if !routes.contains(&name) {
+            routes.push(name);
+        }
+    }
+    // In priority order (shared memory first), whatever order the peers came in.
+    routes.sort_by_key(|n| TransportKind::rank_of(n));
+    let mut route = routes.join("+");
+    if let (true, Some(d)) = (routes.contains(&"verbs"), &end.verbs) {
+        // The device block names the RDMA port and GID each rank uses.
+        route = format!("{route} [{d}]");
+    }
+    let routes = gather(world, rdv, plan, "route", route.as_bytes())?
+        .into_iter()
+        .map(|r| String::from_utf8_lossy(&r).into_owned())
+        .collect();
+    Ok(Peers {
+        handles,
+        infos,
+        routes,
+    })
+}
+
+/// The communicator, connected around the ring, and rank 0's device lines.
+fn build(
+    world: &World,
+    rdv: &Rendezvous,
+    plan: &Plan,
+    end: End,
+    peers: Peers,
+) -> Result<(Communicator, Vec<DeviceInfo>, Abort, Vec<String>)> {
+    let rank = world.rank;
+    let mut devices = Vec::new();
+    if rank == 0 {
+        for (r, (info, via)) in peers.infos.iter().zip(&peers.routes).enumerate() {
+            let via = if via.is_empty() { "tcp" } else { via };
+            devices.push(device_info(r, info.pid, &info.host, info.local_rank, via));
+        }
+    }
+    let hosts = peers.infos.iter().map(|i| i.host.clone()).collect();
+    let nodes = node_map(peers.infos.iter().map(|i| &i.node));
+    let abort = Abort::new();
+    rdv.watch_abort(abort.clone())?;
+    // Ranks that share this machine's cores decide how a waiting rank may use its core.
+    let local_ranks = peers
+        .infos
+        .iter()
+        .filter(|i| i.node.same_machine(&end.info.node))
+        .count();
+    let transport: Box<dyn Transport> = match end.transport {
+        Transports::Multi(m) => Box::new(m),
+        Transports::Tcp(t) => t,
+    };
+    let mut comm = Communicator::new(
+        transport,
+        end.listener,
+        peers.handles,
+        comm_config(plan, &abort, local_ranks),
+    )?;
+    comm.set_nodes(nodes)?;
+    comm.connect_ring()?;
+    Ok((comm, devices, abort, hosts))
+}
+
 /// Node index per rank: ranks on the same host share one, numbered in order of first
 /// appearance (so rank 0's host is node 0).
-fn node_map<'a>(hosts: impl Iterator<Item = &'a str>) -> Vec<usize> {
-    let mut seen: Vec<&str> = Vec::new();
+fn node_map<T: PartialEq>(hosts: impl Iterator<Item = T>) -> Vec<usize> {
+    let mut seen: Vec<T> = Vec::new();
     hosts
         .map(|h| match seen.iter().position(|s| *s == h) {
             Some(i) => i,
@@ -433,10 +512,10 @@ pub(crate) fn tcp_transport(identity: Identity, setup: TcpSetup) -> Box<dyn Tran
 /// is this rank's RDMA member when it has one. One definition for the job's communicator and
 /// the tiers' sub-communicators, so both always choose alike.
 pub(crate) fn multi_transport(
-    kind: &str,
+    kind: TransportKind,
     identity: Identity,
     tcp: TcpSetup,
-    node: &str,
+    node: &NodeId,
     verbs: Option<Member>,
 ) -> Result<Option<MultiTransport>> {
     let shm = || Member {
@@ -444,10 +523,11 @@ pub(crate) fn multi_transport(
         same_node_only: true,
     };
     let members: Vec<Member> = match kind {
-        "tcp" => return Ok(None),
-        "shm" => vec![shm()],
-        "verbs" => verbs.into_iter().collect(),
-        _ => std::iter::once(shm())
+        TransportKind::Tcp => return Ok(None),
+        TransportKind::Shm => vec![shm()],
+        TransportKind::Verbs => verbs.into_iter().collect(),
+        // In TransportKind::PRIORITY order.
+        TransportKind::Auto => std::iter::once(shm())
             .chain(verbs)
             .chain(std::iter::once(Member {
                 transport: tcp_transport(identity, tcp),
@@ -455,7 +535,7 @@ pub(crate) fn multi_transport(
             }))
             .collect(),
     };
-    Ok(Some(MultiTransport::new(members, node.to_string())?))
+    Ok(Some(MultiTransport::new(members, node)?))
 }
 
 /// Join a multi-rank job's rendezvous.

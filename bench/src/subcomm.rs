@@ -10,7 +10,7 @@ use crate::session::{multi_transport, tcp_transport, JoinOptions, TcpSetup};
 use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::{never_registered, token_digest, Store, StoreError, World};
-use busbw_transports::multi::node_identity;
+use busbw_transports::multi::{NodeId, TransportKind};
 use busbw_transports::{Abort, Handle, Identity, Transport};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +22,8 @@ pub struct Factory {
     /// The job token, which every group's connections prove.
     token: Option<String>,
     tcp: TcpSetup,
-    node: String,
-    transport: String,
+    node: NodeId,
+    transport: TransportKind,
     timeout: Duration,
     abort: Abort,
     rank: usize,
@@ -45,7 +45,7 @@ impl Factory {
         world: &World,
         store: Arc<dyn Store>,
         opts: &JoinOptions,
-        transport: &str,
+        transport: TransportKind,
         timeout: Duration,
         abort: Abort,
         device_buffers: bool,
@@ -61,8 +61,8 @@ impl Factory {
             job,
             token: opts.token.clone(),
             tcp: opts.tcp(addr),
-            node: node_identity(&world.hostname),
-            transport: transport.to_string(),
+            node: NodeId::here(&world.hostname),
+            transport,
             timeout,
             abort,
             rank: world.rank,
@@ -77,7 +77,7 @@ impl Factory {
     /// registrations live and die with its communicator and are never seen by another group.
     fn transport(&self, identity: Identity) -> Result<Box<dyn Transport>> {
         let verbs = crate::verbs::for_rank(
-            &self.transport,
+            self.transport,
             self.device_buffers,
             self.ib_hca.as_deref(),
             self.local_rank,
@@ -88,7 +88,7 @@ impl Factory {
         )?
         .map(|(member, _)| member);
         Ok(
-            match multi_transport(&self.transport, identity, self.tcp, &self.node, verbs)? {
+            match multi_transport(self.transport, identity, self.tcp, &self.node, verbs)? {
                 Some(m) => Box::new(m),
                 None => tcp_transport(identity, self.tcp),
             },

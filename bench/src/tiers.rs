@@ -369,7 +369,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
             world,
             store.clone(),
             &opts.join,
-            &plan.transport,
+            plan.transport,
             plan.timeout,
             session.abort.clone(),
             // Tier groups run on host memory (tiers refuses -g).

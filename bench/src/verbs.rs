@@ -2,6 +2,7 @@
 //! the fail-fast check of `--transport verbs`, and the transport member for a rank.
 
 use crate::cli::PerfArgs;
+use busbw_transports::multi::TransportKind;
 use busbw_transports::verbs::{self, VerbsConfig};
 use std::time::Duration;
 
@@ -27,8 +28,8 @@ pub fn config(
 /// once with the reason, and bad `NCCL_IB_*` values are usage errors wherever verbs may be
 /// used.
 pub fn preflight(args: &PerfArgs, timeout: Duration) -> Result<(), String> {
-    let wanted = args.transport == "verbs";
-    if !(wanted || (args.transport == "auto" && verbs::BUILT)) {
+    let wanted = args.transport == TransportKind::Verbs;
+    if !(wanted || (args.transport == TransportKind::Auto && verbs::BUILT)) {
         return Ok(());
     }
     let cfg = config(args.ib_hca.as_deref(), 0, timeout)?;
@@ -64,7 +65,7 @@ fn library_check() -> Result<(), String> {
 /// device memory cannot be served from it; every rank has the same flags, so all agree.
 #[allow(clippy::too_many_arguments)]
 pub fn for_rank(
-    mode: &str,
+    mode: TransportKind,
     device_buffers: bool,
     ib_hca: Option<&str>,
     local_rank: usize,
@@ -73,10 +74,10 @@ pub fn for_rank(
     bind: std::net::IpAddr,
     advertise: Option<std::net::IpAddr>,
 ) -> anyhow::Result<Option<(busbw_transports::multi::Member, String)>> {
-    let required = mode == "verbs";
+    let required = mode == TransportKind::Verbs;
     // NCCL_IB_DISABLE=1 keeps NCCL off RDMA; it keeps `auto` off it too.
     let disabled = std::env::var("NCCL_IB_DISABLE").is_ok_and(|v| v.trim() == "1");
-    if !(required || (mode == "auto" && verbs::BUILT && !disabled)) {
+    if !(required || (mode == TransportKind::Auto && verbs::BUILT && !disabled)) {
         return Ok(None);
     }
     let mut cfg = config(ib_hca, local_rank, timeout).map_err(anyhow::Error::msg)?;

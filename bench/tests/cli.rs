@@ -1,28 +1,12 @@
 //! The real binary, end to end: local ranks over TCP loopback, the table, exit codes, bad
 //! input, and failures of a rank.
 
+mod common;
+use common::{busbw, run, text, BUSBW};
+
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn busbw() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_busbw"));
-    // The tests must not inherit a launcher environment (a developer's shell under Slurm or
-    // in a pod), a bandwidth gate or a token: start from an empty environment.
-    c.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        c.env("PATH", path);
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    busbw().args(args).output().expect("run busbw")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// One parsed data row of the table.
 #[derive(Debug)]
@@ -1313,7 +1297,7 @@ fn links_named_after_nccl_tests_programs_run_them() {
     for name in ["all_gather_perf", "all_reduce_perf_mpi"] {
         let link = dir.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_busbw"), &link).unwrap();
+        std::os::unix::fs::symlink(BUSBW, &link).unwrap();
         let mut c = Command::new(&link);
         c.env_clear();
         let out = c

@@ -7,73 +7,14 @@
 //!
 //! Needs root (network namespaces); without it every test says why it skips, on stderr.
 
-use std::io::{Read, Write};
+mod common;
+use common::{can_run_netns, simcluster, text, BUSBW};
+
+use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-const BUSBW: &str = env!("CARGO_BIN_EXE_busbw");
-
-fn script() -> String {
-    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
-
-/// Why this machine cannot run the cluster tests, if it cannot.
-fn unavailable() -> Option<&'static str> {
-    static WHY: OnceLock<Option<String>> = OnceLock::new();
-    WHY.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc_geteuid() };
-        if euid != 0 {
-            return Some(format!("euid is {euid}, not 0"));
-        }
-        let ok = |prog: &str, args: &[&str]| {
-            Command::new(prog)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if !ok("ip", &["netns", "list"]) {
-            return Some("`ip netns list` fails (iproute2 missing?)".into());
-        }
-        if !ok("unshare", &["--version"]) {
-            return Some("unshare (util-linux) is missing".into());
-        }
-        if !ok("unshare", &["--net", "--uts", "true"]) {
-            return Some("`unshare --net --uts` is not permitted here".into());
-        }
-        if !ok("bash", &["-c", "true"]) {
-            return Some("bash is missing".into());
-        }
-        None
-    })
-    .as_deref()
-}
-
-/// Every test starts with this: false (after saying so on stderr) when it cannot run here.
-fn can_run(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) => {
-            // Straight to the process's stderr: the test harness captures eprintln!, and a
-            // skip must be visible even when the test "passes".
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipping {test}: needs root for network namespaces ({why})"
-            );
-            false
-        }
-    }
-}
 
 /// A store port for this test: different per test and per test process. (Each cluster has
 /// its own network, so ports cannot collide across tests anyway.)
@@ -96,10 +37,10 @@ impl Cluster {
         let name = format!("bw{}-{tag}", std::process::id());
         // A stale cluster of a recycled pid would make `up` refuse.
         let _ = Command::new("bash")
-            .args([&script(), "down", &name])
+            .args([&simcluster(), "down", &name])
             .status();
         let out = Command::new("bash")
-            .args([&script(), "up", &name, &k.to_string()])
+            .args([&simcluster(), "up", &name, &k.to_string()])
             .output()
             .expect("run simcluster.sh");
         assert!(
@@ -119,7 +60,8 @@ impl Cluster {
     /// `cmd` on node `i`, with an environment holding nothing but PATH and `env`.
     fn command(&self, i: usize, cmd: &[String], env: &[(String, String)]) -> Command {
         let mut c = Command::new("bash");
-        c.arg(script()).args(["exec", &self.name, &i.to_string()]);
+        c.arg(simcluster())
+            .args(["exec", &self.name, &i.to_string()]);
         c.args(cmd);
         c.env_clear();
         c.env(
@@ -135,7 +77,7 @@ impl Cluster {
     /// `simcluster.sh <what> <name> <i>`: kill-node, link-down, link-up.
     fn fault(&self, what: &str, i: usize) {
         let out = Command::new("bash")
-            .args([&script(), what, &self.name, &i.to_string()])
+            .args([&simcluster(), what, &self.name, &i.to_string()])
             .output()
             .expect("run simcluster.sh");
         assert!(out.status.success(), "{what}: {}", text(&out.stderr));
@@ -145,7 +87,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         match Command::new("bash")
-            .args([&script(), "down", &self.name])
+            .args([&simcluster(), "down", &self.name])
             .output()
         {
             Ok(o) if o.status.success() => {}
@@ -157,10 +99,6 @@ impl Drop for Cluster {
             Err(e) => eprintln!("simcluster.sh down {}: {e}", self.name),
         }
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -630,7 +568,7 @@ fn job_4x2(c: &Cluster, style: Style, coll: &str, port: u16) {
 /// torchrun's variables (the contract busbw started with), 4 nodes × 2 processes.
 #[test]
 fn torchrun_4_nodes_x_2_ranks() {
-    if !can_run("torchrun_4_nodes_x_2_ranks") {
+    if !can_run_netns("torchrun_4_nodes_x_2_ranks") {
         return;
     }
     let c = Cluster::up("tr", 4);
@@ -641,7 +579,7 @@ fn torchrun_4_nodes_x_2_ranks() {
 /// 2 local ranks. AllReduce and AllGather.
 #[test]
 fn volcano_4_nodes_x_2_ranks() {
-    if !can_run("volcano_4_nodes_x_2_ranks") {
+    if !can_run_netns("volcano_4_nodes_x_2_ranks") {
         return;
     }
     let c = Cluster::up("vc", 4);
@@ -652,7 +590,7 @@ fn volcano_4_nodes_x_2_ranks() {
 /// `-v` says what the launcher detection found.
 #[test]
 fn volcano_verbose_names_the_launcher() {
-    if !can_run("volcano_verbose_names_the_launcher") {
+    if !can_run_netns("volcano_verbose_names_the_launcher") {
         return;
     }
     let c = Cluster::up("vv", 2);
@@ -679,7 +617,7 @@ fn volcano_verbose_names_the_launcher() {
 /// with `--launcher env --nproc-per-node 2`.
 #[test]
 fn pytorch_plugin_4_nodes_x_2_ranks() {
-    if !can_run("pytorch_plugin_4_nodes_x_2_ranks") {
+    if !can_run_netns("pytorch_plugin_4_nodes_x_2_ranks") {
         return;
     }
     let c = Cluster::up("pt", 4);
@@ -689,7 +627,7 @@ fn pytorch_plugin_4_nodes_x_2_ranks() {
 /// srun: SLURM_PROCID … SLURM_JOB_NODELIST=node[0-3], one process per rank.
 #[test]
 fn slurm_4_nodes_x_2_ranks() {
-    if !can_run("slurm_4_nodes_x_2_ranks") {
+    if !can_run_netns("slurm_4_nodes_x_2_ranks") {
         return;
     }
     let c = Cluster::up("sl", 4);
@@ -699,7 +637,7 @@ fn slurm_4_nodes_x_2_ranks() {
 /// mpirun: OMPI_COMM_WORLD_* and MASTER_ADDR, one process per rank.
 #[test]
 fn mpi_4_nodes_x_2_ranks() {
-    if !can_run("mpi_4_nodes_x_2_ranks") {
+    if !can_run_netns("mpi_4_nodes_x_2_ranks") {
         return;
     }
     let c = Cluster::up("mp", 4);
@@ -779,7 +717,7 @@ fn node_fault(style: Style, tag: &str, port: u16, what: &str) {
 
 #[test]
 fn node_failure_torchrun() {
-    if !can_run("node_failure_torchrun") {
+    if !can_run_netns("node_failure_torchrun") {
         return;
     }
     node_failure(Style::Torchrun, "nft", port(8));
@@ -787,7 +725,7 @@ fn node_failure_torchrun() {
 
 #[test]
 fn node_failure_volcano() {
-    if !can_run("node_failure_volcano") {
+    if !can_run_netns("node_failure_volcano") {
         return;
     }
     node_failure(Style::Volcano, "nfv", port(9));
@@ -797,7 +735,7 @@ fn node_failure_volcano() {
 /// must notice the silence by -T and name them.
 #[test]
 fn link_down_torchrun() {
-    if !can_run("link_down_torchrun") {
+    if !can_run_netns("link_down_torchrun") {
         return;
     }
     node_fault(Style::Torchrun, "ldt", port(0), "link-down");
@@ -853,7 +791,7 @@ fn late_node(style: Style, tag: &str, port: u16, late: usize) {
 /// The last node comes late: the others wait for its ranks in the store.
 #[test]
 fn late_node_torchrun() {
-    if !can_run("late_node_torchrun") {
+    if !can_run_netns("late_node_torchrun") {
         return;
     }
     late_node(Style::Torchrun, "ltt", port(10), 3);
@@ -862,7 +800,7 @@ fn late_node_torchrun() {
 /// The store's node comes late: the others keep trying to reach it.
 #[test]
 fn late_store_node_torchrun() {
-    if !can_run("late_store_node_torchrun") {
+    if !can_run_netns("late_store_node_torchrun") {
         return;
     }
     late_node(Style::Torchrun, "lst", port(11), 0);
@@ -870,7 +808,7 @@ fn late_store_node_torchrun() {
 
 #[test]
 fn late_node_volcano() {
-    if !can_run("late_node_volcano") {
+    if !can_run_netns("late_node_volcano") {
         return;
     }
     late_node(Style::Volcano, "ltv", port(12), 3);
@@ -878,7 +816,7 @@ fn late_node_volcano() {
 
 #[test]
 fn late_store_node_volcano() {
-    if !can_run("late_store_node_volcano") {
+    if !can_run_netns("late_store_node_volcano") {
         return;
     }
     late_node(Style::Volcano, "lsv", port(13), 0);
@@ -897,7 +835,7 @@ fn mentions_token(s: &str) -> bool {
 /// job succeeds without it.
 #[test]
 fn stray_with_wrong_token_is_refused() {
-    if !can_run("stray_with_wrong_token_is_refused") {
+    if !can_run_netns("stray_with_wrong_token_is_refused") {
         return;
     }
     let c = Cluster::up("tok", 4);
@@ -961,7 +899,7 @@ fn stray_with_wrong_token_is_refused() {
 /// fails with a message, bounded by -T, instead of hanging.
 #[test]
 fn job_with_one_wrong_token_fails() {
-    if !can_run("job_with_one_wrong_token_fails") {
+    if !can_run_netns("job_with_one_wrong_token_fails") {
         return;
     }
     const T: u64 = 10;
@@ -1019,13 +957,13 @@ fn job_with_one_wrong_token_fails() {
 /// that test runs do not accumulate namespaces on the machine.
 #[test]
 fn teardown_leaves_nothing() {
-    if !can_run("teardown_leaves_nothing") {
+    if !can_run_netns("teardown_leaves_nothing") {
         return;
     }
     let name = format!("bw{}-td", std::process::id());
     let up = Command::new("bash")
         .args([
-            &script(),
+            &simcluster(),
             "up",
             &name,
             "3",
@@ -1049,7 +987,7 @@ fn teardown_leaves_nothing() {
     };
     assert_eq!(listed(&name), 4, "3 nodes and the switch");
     let down = Command::new("bash")
-        .args([&script(), "down", &name])
+        .args([&simcluster(), "down", &name])
         .output()
         .expect("run simcluster.sh");
     assert!(down.status.success(), "down: {}", text(&down.stderr));

@@ -4,6 +4,9 @@
 //! exit code, the time to exit and the message. (Node loss, link loss and late nodes need
 //! hosts: `tests/cluster.rs`.)
 
+mod common;
+use common::busbw;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -11,21 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn busbw() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_busbw"));
-    // No launcher environment, gate or token from the developer's shell.
-    c.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        c.env("PATH", path);
-    }
-    c
-}
-
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
 }
 
 const SIGKILL: i32 = 9;
@@ -297,8 +288,7 @@ fn killed_rank_leaves_an_incomplete_report_naming_it() {
 /// others stop at once naming rank 0, and the report file keeps its last whole version.
 #[test]
 fn full_disk_for_reports_is_a_named_failure() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
+    if common::euid() != 0 {
         let _ = writeln!(
             std::io::stderr(),
             "skipping full_disk_for_reports_is_a_named_failure: needs root to mount a tmpfs"

@@ -4,33 +4,23 @@
 //! `<repo>/../shared/schemas/crds`); the binary links only the C runtime; the dashboard
 //! queries metrics busbw exports.
 
+mod common;
+use common::{netns_unavailable, simcluster, skip, text, BUSBW};
+
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BUSBW: &str = env!("CARGO_BIN_EXE_busbw");
+fn tmp(name: &str) -> PathBuf {
+    common::scratch("k8s", name)
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("bench/ has a parent")
         .to_path_buf()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn skip(test: &str, why: &str) {
-    // Straight to the process's stderr: a skip must show even when the test "passes".
-    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("busbw-k8s-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
 }
 
 fn render(args: &[String]) -> Output {
@@ -788,37 +778,6 @@ fn label_nodes_refuses_a_bad_label() {
 // The rendered Volcano job's pods, run in a simulated cluster (bench/tests/simcluster.sh:
 // one network namespace per node) with the environment Volcano's plugins inject.
 
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
-
-fn simcluster() -> String {
-    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Why the simulated cluster cannot run here, if it cannot.
-fn no_simcluster() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc_geteuid() };
-    if euid != 0 {
-        return Some(format!(
-            "needs root for network namespaces (euid is {euid})"
-        ));
-    }
-    let ok = |prog: &str, args: &[&str]| {
-        Command::new(prog)
-            .args(args)
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
-    if !ok("ip", &["netns", "list"]) || !ok("unshare", &["--net", "--uts", "true"]) {
-        return Some("needs iproute2 and unshare --net --uts".into());
-    }
-    None
-}
-
 /// A pod as the Volcano controller would create it from the job.
 struct Pod {
     name: String,
@@ -942,8 +901,8 @@ impl Drop for SimCluster {
 }
 
 fn run_rendered_volcano_job(test: &str, tag: &str, extra: &[&str]) {
-    if let Some(why) = no_simcluster() {
-        skip(test, &why);
+    if let Some(why) = netns_unavailable() {
+        skip(test, &format!("needs root for network namespaces ({why})"));
         return;
     }
     let job_name = format!("g{tag}");

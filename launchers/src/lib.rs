@@ -18,6 +18,7 @@
 //! - [`store`]: the key/value store (in-process and TCP) the ranks rendezvous through.
 //! - [`token`]: the job token that keeps other jobs out of the store.
 //! - [`mod@rendezvous`]: joining the job, barriers, abort broadcast, orderly shutdown.
+//! - [`rank_info`]: what each rank tells the others about itself when it joins.
 //! - [`topology`]: node labels, their conventions and sources, and the tier model built on
 //!   them (for `busbw tiers`).
 //! - [`signal`]: SIGTERM/SIGINT caught and turned into an orderly, named abort.
@@ -26,6 +27,7 @@
 
 pub mod detect;
 pub mod local;
+pub mod rank_info;
 pub mod rendezvous;
 pub mod signal;
 pub mod store;
@@ -37,6 +39,7 @@ pub use detect::{
     detect, detect_from_env, expand_nodelist, DetectOptions, Detection, Launcher, UnknownLauncher,
 };
 pub use local::{run_pod, LaunchError, LocalLaunch, LAUNCHED_ENV};
+pub use rank_info::RankInfo;
 pub use rendezvous::{missing_ranks, never_registered, rendezvous, rendezvous_with, Rendezvous};
 pub use store::{MemoryStore, PrefixStore, Store, StoreError, TcpStoreClient, TcpStoreServer};
 pub use token::{token_digest, JOB_TOKEN_ENV};

@@ -12,12 +12,123 @@ use crate::{
     Handle, Identity, Listener, Properties, RecvComm, Registration, Result, SendComm, Transport,
     TransportError,
 };
+use std::fmt;
 use std::time::{Duration, Instant};
 
-/// Where a rank runs: ranks with equal node identities share memory.
-pub fn node_identity(hostname: &str) -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{hostname}/{}", boot.trim())
+/// Where a rank runs: its host name and the kernel's boot id, written `host/boot` in handles
+/// and in the rendezvous store.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeId {
+    pub host: String,
+    pub boot: String,
+}
+
+impl NodeId {
+    pub fn new(host: impl Into<String>, boot: impl Into<String>) -> NodeId {
+        NodeId {
+            host: host.into(),
+            boot: boot.into(),
+        }
+    }
+
+    /// This process's node, under the host name the launcher gave it.
+    pub fn here(hostname: &str) -> NodeId {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        NodeId::new(hostname, boot.trim())
+    }
+
+    /// Ranks that may share memory (and reach each other's abstract unix sockets): the same
+    /// host name on the same running kernel.
+    pub fn same_node(&self, other: &NodeId) -> bool {
+        self == other
+    }
+
+    /// Ranks that share this machine's cores: the same running kernel, which network
+    /// namespaces and containers on one machine share even where their host names differ (a
+    /// simulated cluster).
+    pub fn same_machine(&self, other: &NodeId) -> bool {
+        self.boot == other.boot
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.host, self.boot)
+    }
+}
+
+impl std::str::FromStr for NodeId {
+    type Err = String;
+    /// The boot id has no `/`; a host name might (it is whatever the launcher said).
+    fn from_str(s: &str) -> std::result::Result<NodeId, String> {
+        let (host, boot) = s
+            .rsplit_once('/')
+            .ok_or_else(|| format!("{s:?} is not a node id (host/boot)"))?;
+        Ok(NodeId::new(host, boot))
+    }
+}
+
+/// Which transports a job may use (`--transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Every transport this build has, each peer reached by the first that can, in
+    /// [`TransportKind::PRIORITY`] order.
+    Auto,
+    Tcp,
+    Shm,
+    Verbs,
+}
+
+impl TransportKind {
+    /// Every value, as `--transport` spells it.
+    pub const NAMES: [&'static str; 4] = ["auto", "tcp", "shm", "verbs"];
+    /// NCCL's order of preference: shared memory, then RDMA, then sockets.
+    pub const PRIORITY: [TransportKind; 3] =
+        [TransportKind::Shm, TransportKind::Verbs, TransportKind::Tcp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+            TransportKind::Verbs => "verbs",
+        }
+    }
+
+    /// Where the transport named `name` (a [`Properties::name`]) stands in
+    /// [`TransportKind::PRIORITY`]; names outside it sort last.
+    pub fn rank_of(name: &str) -> usize {
+        Self::PRIORITY
+            .iter()
+            .position(|k| k.name() == name)
+            .unwrap_or(Self::PRIORITY.len())
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<TransportKind, String> {
+        [
+            TransportKind::Auto,
+            TransportKind::Tcp,
+            TransportKind::Shm,
+            TransportKind::Verbs,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+        .ok_or_else(|| {
+            format!(
+                "unknown transport {s:?} (one of {})",
+                Self::NAMES.join(", ")
+            )
+        })
+    }
 }
 
 /// A member transport and the locality it needs.
@@ -33,14 +144,18 @@ pub struct MultiTransport {
 }
 
 impl MultiTransport {
-    /// `members` in priority order; `node` is this rank's [`node_identity`].
-    pub fn new(members: Vec<Member>, node: String) -> Result<Self> {
+    /// `members` in priority order; `node` is this rank's.
+    pub fn new(members: Vec<Member>, node: &NodeId) -> Result<Self> {
         if members.is_empty() {
             return Err(TransportError::Unsupported(
                 "no transport to choose from".into(),
             ));
         }
-        Ok(MultiTransport { members, node })
+        Ok(MultiTransport {
+            members,
+            // Compared as the text the peers' handles carry.
+            node: node.to_string(),
+        })
     }
 
     /// Name of the transport a connection to `handle` would use (for reports).
@@ -304,6 +419,26 @@ mod tests {
     }
 
     #[test]
+    fn node_ids_and_transport_kinds_read_back_what_they_write() {
+        let n: NodeId = "pod-3.ns/x/1b2c".parse().unwrap();
+        assert_eq!(n, NodeId::new("pod-3.ns/x", "1b2c"));
+        assert_eq!(n.to_string(), "pod-3.ns/x/1b2c");
+        assert!("nohost".parse::<NodeId>().is_err());
+        let ns = NodeId::new("other-name", "1b2c");
+        assert!(n.same_machine(&ns) && !n.same_node(&ns));
+        for name in TransportKind::NAMES {
+            assert_eq!(name.parse::<TransportKind>().unwrap().to_string(), name);
+        }
+        assert!("ib"
+            .parse::<TransportKind>()
+            .unwrap_err()
+            .contains("auto, tcp, shm, verbs"));
+        let mut routes = vec!["tcp", "inproc", "shm", "verbs"];
+        routes.sort_by_key(|n| TransportKind::rank_of(n));
+        assert_eq!(routes, ["shm", "verbs", "tcp", "inproc"]);
+    }
+
+    #[test]
     fn handle_round_trip() {
         let subs = vec![
             ("shm", Handle(b"abc\n\x00".to_vec())),
@@ -339,7 +474,7 @@ mod tests {
                 transport: Box::new(TcpTransport::new(id, TcpConfig::default())),
                 same_node_only: false,
             });
-            MultiTransport::new(m, format!("host-{rank}")).unwrap()
+            MultiTransport::new(m, &NodeId::new(format!("host-{rank}"), "b")).unwrap()
         };
         let (with, without) = (net(0, true), net(1, false));
         let (h_with, _l0) = with.listen().unwrap();
@@ -368,7 +503,7 @@ mod tests {
                     same_node_only: false,
                 },
             ],
-            node.into(),
+            &NodeId::new(node, "b"),
         )
         .unwrap()
     }
@@ -410,7 +545,7 @@ mod tests {
                 transport: Box::new(crate::inproc::InprocTransport::new(Identity::new(5, 2))),
                 same_node_only: true,
             }],
-            "host-c".into(),
+            &NodeId::new("host-c", "b"),
         )
         .unwrap();
         let e = only_local.route(&h).unwrap_err().to_string();
@@ -436,7 +571,7 @@ mod tests {
                     same_node_only: false,
                 },
             ],
-            "host-a".into(),
+            &NodeId::new("host-a", "b"),
         )
         .unwrap();
         let p = m.properties().ptr_support;

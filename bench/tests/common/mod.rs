@@ -1,0 +1,110 @@
+//! What every integration test of the binary needs, in one place: the binary under test with
+//! a clean environment, its output as text, scratch files, and the skip line a test that
+//! cannot run here prints. Each test file takes what it uses (`mod common;`), so some of
+//! this is unused in any one of them.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The binary cargo built for these tests.
+pub const BUSBW: &str = env!("CARGO_BIN_EXE_busbw");
+
+/// The binary with an empty environment but `PATH`: the tests must not inherit a launcher
+/// environment (a developer's shell under Slurm or in a pod), a bandwidth gate or a token.
+pub fn busbw() -> Command {
+    let mut c = Command::new(BUSBW);
+    c.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        c.env("PATH", path);
+    }
+    c
+}
+
+/// `busbw ARGS`, run to its end.
+pub fn run(args: &[&str]) -> Output {
+    busbw().args(args).output().expect("run busbw")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `name` in this test process's scratch folder for `suite` (created on first use).
+pub fn scratch(suite: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("busbw-{suite}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("create the scratch folder");
+    d.join(name)
+}
+
+/// Says on the process's stderr that `test` skips and why: the test harness captures
+/// `eprintln!`, and a skip must be visible even when the test "passes".
+pub fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
+}
+
+/// This process's effective user id (0: root).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() }
+}
+
+/// Why this machine cannot simulate a cluster in network namespaces, if it cannot: root,
+/// iproute2 (`ip`, `tc`), `unshare --net --uts` and bash are needed.
+pub fn netns_unavailable() -> Option<&'static str> {
+    static WHY: OnceLock<Option<String>> = OnceLock::new();
+    WHY.get_or_init(|| {
+        let euid = euid();
+        if euid != 0 {
+            return Some(format!("euid is {euid}, not 0"));
+        }
+        let ok = |prog: &str, args: &[&str]| {
+            Command::new(prog)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        if !ok("ip", &["netns", "list"]) || !ok("tc", &["-V"]) {
+            return Some("iproute2 (ip, tc) is missing".into());
+        }
+        if !ok("unshare", &["--net", "--uts", "true"]) {
+            return Some(
+                "`unshare --net --uts` is not permitted here (or util-linux is missing)".into(),
+            );
+        }
+        if !ok("bash", &["-c", "true"]) {
+            return Some("bash is missing".into());
+        }
+        None
+    })
+    .as_deref()
+}
+
+/// Every simulated-cluster test starts with this: false (after saying why) when it cannot run.
+pub fn can_run_netns(test: &str) -> bool {
+    match netns_unavailable() {
+        None => true,
+        Some(why) => {
+            skip(
+                test,
+                &format!("needs root for network namespaces and tc ({why})"),
+            );
+            false
+        }
+    }
+}
+
+/// The simulated cluster's script.
+pub fn simcluster() -> String {
+    format!("{}/tests/simcluster.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
