@@ -677,15 +677,18 @@ impl Liveness {
     const EVERY: Duration = Duration::from_millis(50);
 
     fn new(stream: TcpStream) -> Liveness {
-        // A peer whose link went down sends no FIN: TCP keepalive probes an idle socket (2 s
-        // idle, 3 probes 1 s apart) and fails it with ETIMEDOUT, so a receiver that has nothing
-        // in flight toward the peer (hence no RETRY_EXC to come) still learns it in seconds.
+        // A peer whose link went down sends no FIN: TCP keepalive probes an idle socket (5 s
+        // idle, then 6 probes 2 s apart) and fails it with ETIMEDOUT, so a receiver that has
+        // nothing in flight toward the peer (hence no RETRY_EXC to come) still learns it within
+        // about 17 s. Not sooner: a host that stops answering for a few seconds is not dead (a
+        // loaded hypervisor deschedules a guest for 5 s and more; 3 probes 1 s apart once
+        // declared a live peer gone in a test bed of emulated guests).
         let fd = stream.as_raw_fd();
         for (level, name, value) in [
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 6),
         ] {
             let v: libc::c_int = value;
             // SAFETY: setsockopt on a socket we own with an int option; a failure only leaves
