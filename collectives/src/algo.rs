@@ -11,10 +11,11 @@
 //! it: every rank holds the very same bits and [`CostModel::choose`] is a pure function of them.
 
 use crate::communicator::Communicator;
+use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ParseNameError, ReduceOp};
 use crate::error::CommError;
 use crate::rd::{rd_all_reduce, rd_hops};
-use crate::ring::{all_reduce, all_reduce_values, bytes_of, Data};
+use crate::ring::{all_reduce, all_reduce_values};
 use crate::tree::{node_tree_depth, tree_all_reduce};
 use crate::HostBuffer;
 use std::fmt;

@@ -7,14 +7,14 @@
 //! ring Broadcast and Reduce do.
 
 use crate::communicator::Communicator;
+use crate::data::{bytes_of, pipeline_segment, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::error::CommError;
 use crate::offload;
-use crate::ring::{
-    bytes_of, pipeline_segment, premultiplied, run_ring, scratch, Chunks, Data, RingPlan,
-};
+use crate::ring::{run_ring, Chunks, RingPlan};
 use crate::with_dtype;
+use crate::workspace::{premultiplied, scratch};
 
 fn check_root(comm: &Communicator, root: usize, what: &str) -> Result<(), CommError> {
     if root >= comm.size() {

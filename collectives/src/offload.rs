@@ -24,9 +24,9 @@
 pub mod sim;
 
 use crate::communicator::Communicator;
+use crate::data::Regs;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CommError;
-use crate::ring::Regs;
 use busbw_transports::{MemRegion, MemoryKind};
 
 /// Completion handle of one asynchronous device operation. Tickets of one offload complete

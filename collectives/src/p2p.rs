@@ -6,10 +6,11 @@
 //! sends and receives in any order cannot deadlock.
 
 use crate::communicator::{Communicator, Waiter};
+use crate::data::{bytes_of, Data, Regs};
 use crate::dtype::DataType;
 use crate::error::CommError;
 use crate::offload;
-use crate::ring::{bytes_of, scratch, Data, Regs};
+use crate::workspace::scratch;
 use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 
 /// One transfer of a group. Pointers must stay valid until the group completes.

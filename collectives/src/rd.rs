@@ -18,12 +18,13 @@
 //! payloads).
 
 use crate::communicator::{Communicator, Waiter};
+use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, Element};
 use crate::error::CommError;
 use crate::offload;
-use crate::ring::{bytes_of, premultiplied, Data};
 use crate::with_dtype;
+use crate::workspace::premultiplied;
 use busbw_transports::{MemRegion, MemoryKind, RecvComm, Registration, SendComm};
 
 /// Channel of recursive doubling: the ring's. Calls never overlap, so sharing it is safe, and

@@ -34,12 +34,13 @@
 //! ranks both measurably help from 16 KiB to 1 MiB (`examples/tree_vs_ring.rs`).
 
 use crate::communicator::{Communicator, Waiter};
+use crate::data::{bytes_of, segment_elems, Data, Regs};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, reduce_into, Element};
 use crate::error::CommError;
 use crate::offload::{self, Offload, Reduce, Ticket};
-use crate::ring::{bytes_of, premultiplied, segment_elems, Data, Regs};
 use crate::with_dtype;
+use crate::workspace::premultiplied;
 use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 use std::collections::VecDeque;
 

@@ -1,0 +1,185 @@
+//! What a collective call works on, whatever its algorithm: its buffers ([`Data`], checked
+//! into raw pointers), their transport registrations ([`Regs`]), sizes in bytes and the
+//! pipeline's segment sizes.
+
+use crate::communicator::Communicator;
+use crate::dtype::DataType;
+use crate::error::CommError;
+use busbw_transports::{MemRegion, MemoryKind, Registration};
+
+/// The buffers of one collective call. In-place and out-of-place are distinct variants
+/// because Rust (rightly) will not let one slice be both the source and the destination.
+///
+/// In place, the single buffer is the larger of the two (NCCL's convention): for AllGather
+/// and Gather it is the output and this rank's input sits at `rank × count`; for
+/// ReduceScatter and Scatter it is the input and the output sits at `rank × count`.
+pub enum Data<'a> {
+    InPlace(&'a mut [u8]),
+    OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
+}
+
+/// Raw, checked pointers for a call.
+pub(crate) struct Bufs {
+    pub src: *const u8,
+    pub dst: *mut u8,
+}
+
+impl Data<'_> {
+    /// The call's input and output ranges, for staging device data around an algorithm
+    /// (in place, the one buffer is both).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn ranges(&self) -> (Vec<(*const u8, usize)>, Vec<(*mut u8, usize)>) {
+        match self {
+            Data::InPlace(b) => (
+                vec![(b.as_ptr(), b.len())],
+                vec![(b.as_ptr() as *mut u8, b.len())],
+            ),
+            Data::OutOfPlace { send, recv } => (
+                vec![(send.as_ptr(), send.len())],
+                vec![(recv.as_ptr() as *mut u8, recv.len())],
+            ),
+        }
+    }
+
+    pub(crate) fn bufs(
+        self,
+        rank: usize,
+        what: &str,
+        send_bytes: usize,
+        recv_bytes: usize,
+        dtype: DataType,
+        (send_off, recv_off): (usize, usize),
+    ) -> Result<Bufs, CommError> {
+        let err = |m: String| CommError::Invalid(format!("rank {rank}: {what}: {m}"));
+        let b = match self {
+            Data::InPlace(b) => {
+                let need = (send_off + send_bytes).max(recv_off + recv_bytes);
+                if b.len() < need {
+                    return Err(err(format!(
+                        "in-place buffer of {} bytes is too small for {need} bytes",
+                        b.len()
+                    )));
+                }
+                let p = b.as_mut_ptr();
+                // SAFETY: both offsets are inside the buffer (checked above).
+                unsafe {
+                    Bufs {
+                        src: p.add(send_off),
+                        dst: p.add(recv_off),
+                    }
+                }
+            }
+            Data::OutOfPlace { send, recv } => {
+                if send.len() < send_bytes || recv.len() < recv_bytes {
+                    return Err(err(format!(
+                        "buffers of {} and {} bytes are too small for {send_bytes} and {recv_bytes} bytes",
+                        send.len(),
+                        recv.len()
+                    )));
+                }
+                Bufs {
+                    src: send.as_ptr(),
+                    dst: recv.as_mut_ptr(),
+                }
+            }
+        };
+        for p in [b.src as usize, b.dst as usize] {
+            if p % dtype.size() != 0 {
+                return Err(err(format!("buffer at {p:#x} is not aligned for {dtype}")));
+            }
+        }
+        Ok(b)
+    }
+}
+
+pub(crate) fn bytes_of(count: usize, dtype: DataType) -> Result<usize, CommError> {
+    count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| CommError::Invalid(format!("count {count} of {dtype} overflows")))
+}
+
+/// Registers `(ptr, elems)` regions and finds the one holding a pointer.
+pub(crate) struct Regs {
+    regs: Vec<Registration>,
+}
+
+impl Regs {
+    pub fn new<T>(comm: &Communicator, regions: &[(*const T, usize)]) -> Result<Regs, CommError> {
+        Regs::with_kind(comm, regions, MemoryKind::Host)
+    }
+
+    /// Registers regions of `kind`; on an error the regions registered so far are released.
+    pub fn with_kind<T>(
+        comm: &Communicator,
+        regions: &[(*const T, usize)],
+        kind: MemoryKind,
+    ) -> Result<Regs, CommError> {
+        let esize = std::mem::size_of::<T>();
+        let regions = regions
+            .iter()
+            // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
+            // the communicator's staging/scratch, which are not resized meanwhile).
+            .map(|&(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) });
+        Regs::register(comm, regions)
+    }
+
+    /// Registers prepared regions (device memory for the GPUDirect path, possibly carrying
+    /// a dma-buf); on an error the regions registered so far are released.
+    pub fn register(
+        comm: &Communicator,
+        regions: impl ExactSizeIterator<Item = MemRegion>,
+    ) -> Result<Regs, CommError> {
+        let mut regs = Vec::with_capacity(regions.len());
+        for region in regions {
+            match comm.transport().register(region) {
+                Ok(reg) => regs.push(reg),
+                Err(cause) => {
+                    Regs { regs }.release(comm);
+                    return Err(CommError::Transport {
+                        rank: comm.rank(),
+                        peer: None,
+                        during: "registering memory".into(),
+                        cause,
+                    });
+                }
+            }
+        }
+        Ok(Regs { regs })
+    }
+
+    pub fn find(&self, ptr: *const u8, len: usize) -> &Registration {
+        self.regs
+            .iter()
+            .find(|r| r.region.contains(ptr, len))
+            .unwrap_or(&self.regs[0])
+    }
+
+    pub fn release(self, comm: &Communicator) {
+        for r in self.regs {
+            let _ = comm.transport().deregister(r);
+        }
+    }
+}
+
+/// Smallest segment the pipeline splits a chunk into: below it, per-message costs dominate.
+const MIN_PIPELINE_SEGMENT: usize = 64 << 10;
+/// Segments a chunk is cut into at least, when it is big enough: with one segment per chunk
+/// a ring step cannot overlap sending with receiving and reducing, which halves mid-size
+/// bandwidth (NCCL shrinks its chunks for mid-size messages for the same reason).
+const MIN_SEGMENTS: usize = 4;
+
+/// Pipeline segment size in elements for chunks of `chunk` elements: the configured segment,
+/// shrunk so that a chunk has at least [`MIN_SEGMENTS`] segments, but not below
+/// [`MIN_PIPELINE_SEGMENT`] (or the configured size, if that is smaller). Every rank computes
+/// the same value from the same arguments.
+pub(crate) fn pipeline_segment<T>(comm: &Communicator, chunk: usize) -> usize {
+    let esize = std::mem::size_of::<T>();
+    let max = segment_elems::<T>(comm);
+    let min = (MIN_PIPELINE_SEGMENT.min(comm.config().segment_bytes) / esize).clamp(1, max);
+    (chunk / MIN_SEGMENTS).clamp(min, max)
+}
+
+/// Segment size in elements.
+pub(crate) fn segment_elems<T>(comm: &Communicator) -> usize {
+    (comm.config().segment_bytes / std::mem::size_of::<T>()).max(1)
+}

@@ -1,0 +1,69 @@
+//! The communicator's own memory that algorithms borrow for a call: staging slots for
+//! received segments, scratch, and `mulsum`'s premultiplied input.
+
+use crate::communicator::Communicator;
+use crate::dtype::ReduceOp;
+use crate::element::{scale_into, Element};
+use crate::error::CommError;
+use crate::offload;
+
+/// Grows the communicator's staging area to `window` segments and returns it.
+pub(crate) fn staging<T>(comm: &mut Communicator, seg: usize) -> Result<*mut T, CommError> {
+    let bytes = comm.config().window * seg * std::mem::size_of::<T>();
+    if comm.staging.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "staging buffers",
+        });
+    }
+    Ok(comm.staging.as_mut_slice().as_mut_ptr() as *mut T)
+}
+
+/// Grows the communicator's scratch area to `elems` elements and returns it.
+pub(crate) fn scratch<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
+    let bytes = elems * std::mem::size_of::<T>();
+    if comm.scratch.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "scratch buffers",
+        });
+    }
+    Ok(comm.scratch.as_mut_slice().as_mut_ptr() as *mut T)
+}
+
+/// For `mulsum`, this rank's input times its scalar, in a buffer of the communicator's;
+/// the algorithms then simply sum. Other ops use the input as is.
+///
+/// # Safety
+/// `src` valid for `elems` elements.
+pub(crate) unsafe fn premultiplied<T: Element>(
+    comm: &mut Communicator,
+    op: ReduceOp,
+    src: *const T,
+    elems: usize,
+) -> Result<*const T, CommError> {
+    if op != ReduceOp::MulSum || elems == 0 {
+        return Ok(src);
+    }
+    if let Some(p) = offload::premultiply_near(comm, src as *const u8, elems, T::DTYPE)? {
+        return Ok(p as *const T);
+    }
+    let bytes = elems * std::mem::size_of::<T>();
+    if comm.premul.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes,
+            what: "mulsum input",
+        });
+    }
+    let rank = comm.rank();
+    let out = comm.premul.as_mut_slice().as_mut_ptr() as *mut T;
+    scale_into(
+        std::slice::from_raw_parts_mut(out, elems),
+        std::slice::from_raw_parts(src, elems),
+        rank,
+    );
+    Ok(out as *const T)
+}
