@@ -62,7 +62,9 @@ find_kernel() {
 missing() {
     [[ $(id -u) == 0 ]] || echo "root (network namespaces, guests' 9p shares): run as root"
     command -v qemu-system-x86_64 >/dev/null || echo "qemu-system-x86_64 (apt-get install qemu-system-x86)"
-    [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -qx insmod ||
+    # grep reads the whole list: with -q it would stop at the match, busybox (one write per
+    # name) could die of SIGPIPE, and pipefail would call a present busybox missing.
+    [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null ||
         echo "a static busybox for the initramfs (apt-get install busybox-static)"
     find_kernel >/dev/null || echo "a kernel image with rdma_rxe and 9p modules in /boot (apt-get install linux-image-amd64)"
     command -v rdma >/dev/null || echo "the rdma tool (apt-get install iproute2)"
