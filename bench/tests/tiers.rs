@@ -5,7 +5,7 @@
 //! bandwidth and the verdict must name the throttled node and nobody else.
 
 mod common;
-use common::{busbw, can_run_netns, simcluster, text, BUSBW};
+use common::{busbw, can_run_netns, shaped_rate, simcluster, text, BUSBW};
 
 use serde_json::Value;
 use std::io::Write;
@@ -425,16 +425,6 @@ fn within(measured: f64, expected: f64, frac: f64) -> bool {
     (measured / expected - 1.0).abs() <= frac
 }
 
-/// Whether `measured` is the bandwidth of a link shaped to `shaped`. Never more than 10 %
-/// above it: busbw must not overstate a link, however loaded the machine. Below it by more
-/// than 10 % only as far as `reference`, the same run's median link of the same tier, is
-/// too (within 20 % of it): a loaded machine (another build, another test's guests) starves
-/// the eight ranks of CPU and every figure of the run falls below the shaping together,
-/// while a wrong figure stands out from its own run's links.
-fn shaped_rate(measured: f64, shaped: f64, reference: f64) -> bool {
-    measured <= shaped * 1.10 && (measured >= shaped * 0.90 || measured >= reference * 0.80)
-}
-
 /// The median busbw of the links of `tier` in the report's matrix, leaving out the links of
 /// `throttled`.
 fn median_link(report: &Value, tier: &str, throttled: Option<&str>) -> f64 {
@@ -501,6 +491,7 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     for (name, want, groups) in expected {
         let t = tiers.iter().find(|t| t["tier"] == name).unwrap();
         assert_eq!(t["groups"], groups, "{name}: {all}");
+        let link = median_link(&report["tier_report"], name, throttled.as_deref());
         let mut checked = 0;
         for g in t["group_results"].as_array().unwrap() {
             let nodes: Vec<&str> = g["nodes"]
@@ -515,7 +506,6 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
                 continue;
             }
             let bw = g["busbw"][0].as_f64().unwrap();
-            let link = median_link(&report["tier_report"], name, throttled.as_deref());
             assert!(
                 shaped_rate(bw, want, link),
                 "{name} group {nodes:?}: {bw} GB/s, shaped {want} GB/s, this run's median \

@@ -37,7 +37,9 @@ impl Deadline {
 
     /// Time left, `None` once it has passed.
     pub(crate) fn left(&self) -> Option<Duration> {
-        remaining(self.at)
+        self.at
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
     }
 
     /// Time left, or the timeout error that says what was being waited for.
@@ -47,13 +49,6 @@ impl Deadline {
             what: what(),
         })
     }
-}
-
-/// Time until `deadline`, `None` once it has passed.
-pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
 }
 
 /// poll(2) on one descriptor: the events that came, 0 on timeout or a signal. A non-zero
