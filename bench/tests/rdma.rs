@@ -746,15 +746,30 @@ fn faults_on_softroce() {
         "RETRY_EXC decoded\n{errs}"
     );
 
+    // The unreachable GID shows at the first transfer, once the job has assembled: timed
+    // from the job's start (rank 0's report), not from the launch, whose start-up in an
+    // emulated guest takes 20 s on a quiet machine and twice that under load. Slack: the
+    // report's start is whole seconds, guests' clocks differ by up to a second, exiting
+    // takes a couple more under load.
+    let report: serde_json::Value =
+        serde_json::from_str(&g[0].file("gid.0.json")).expect("gid: rank 0's report");
+    let job_start = report["start_time"]
+        .as_str()
+        .and_then(busbw_reports::clock::parse_rfc3339)
+        .expect("gid: the report's start_time");
     for r in 0..6 {
         let (rc, _, err, end) = rank("gid", r);
-        let start = secs(&g[r / 2].file("gid.t")).expect("gid start");
-        let took = end.expect("ended") - start;
-        eprintln!("gid: rank {r} exit {rc:?} after {took:.1} s");
+        let launched = secs(&g[r / 2].file("gid.t")).expect("gid start");
+        let end = end.expect("ended");
+        let took = end - job_start;
+        eprintln!(
+            "gid: rank {r} exit {rc:?} {took:.1} s after the job started ({:.1} s after launch)",
+            end - launched
+        );
         assert!(matches!(rc, Some(3) | Some(4)), "rank {r}: {rc:?}\n{err}");
         assert!(
-            took < FAULT_T as f64 + 20.0,
-            "rank {r} took {took:.1} s\n{err}"
+            took < FAULT_T as f64 + 5.0,
+            "rank {r} took {took:.1} s after the job started\n{err}"
         );
     }
     let errs = all_err("gid");
