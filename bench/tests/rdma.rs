@@ -7,7 +7,7 @@
 //! skips. `rdma-vm.sh check` names what is missing.
 
 mod common;
-use common::{shaped_rate, text, BUSBW};
+use common::{shaped_rate, text, within, BUSBW};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -1035,7 +1035,7 @@ fn tiers_over_verbs_name_the_throttled_guest() {
             "local block {nodes:?}: {bw} GB/s, shaped {want} GB/s, this run's healthy links \
              {h} GB/s\n{all}"
         );
-        if (bw / want - 1.0).abs() > 0.10 {
+        if !within(bw, want, 0.10) {
             println!(
                 "local block {nodes:?} at {bw} GB/s, off its shaping ({want}) by more than 10 % \
                  but within 20 % of this run's links ({h}): a loaded host"

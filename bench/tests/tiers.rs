@@ -5,7 +5,7 @@
 //! bandwidth and the verdict must name the throttled node and nobody else.
 
 mod common;
-use common::{busbw, can_run_netns, shaped_rate, simcluster, text, BUSBW};
+use common::{busbw, can_run_netns, shaped_rate, simcluster, text, within, BUSBW};
 
 use serde_json::Value;
 use std::io::Write;
@@ -419,10 +419,6 @@ static SHAPED: Mutex<()> = Mutex::new(());
 /// GB/s of a shaped rate at MTU 9000 (TCP/IP headers of 66 bytes per 8948 of payload).
 fn goodput(mbit: f64) -> f64 {
     mbit * 1e6 / 8.0 / 1e9 * 8948.0 / 9014.0
-}
-
-fn within(measured: f64, expected: f64, frac: f64) -> bool {
-    (measured / expected - 1.0).abs() <= frac
 }
 
 /// The median busbw of the links of `tier` in the report's matrix, leaving out the links of

@@ -99,6 +99,11 @@ pub fn can_run_netns(test: &str) -> bool {
     }
 }
 
+/// Whether `measured` is within `frac` of `expected`, either side.
+pub fn within(measured: f64, expected: f64, frac: f64) -> bool {
+    (measured / expected - 1.0).abs() <= frac
+}
+
 /// Whether `measured` is the bandwidth of a link shaped to `shaped`. Never more than 10 %
 /// above it: busbw must not overstate a link, however loaded the machine. Below it by more
 /// than 10 % only as far as `reference`, the same run's median link of the same tier, is
@@ -106,7 +111,7 @@ pub fn can_run_netns(test: &str) -> bool {
 /// the eight ranks of CPU and every figure of the run falls below the shaping together,
 /// while a wrong figure stands out from its own run's links.
 pub fn shaped_rate(measured: f64, shaped: f64, reference: f64) -> bool {
-    measured <= shaped * 1.10 && (measured >= shaped * 0.90 || measured >= reference * 0.80)
+    measured <= shaped * 1.10 && (within(measured, shaped, 0.10) || measured >= reference * 0.80)
 }
 
 /// The simulated cluster's script.
