@@ -108,6 +108,24 @@ pub struct Properties {
     pub max_requests: usize,
 }
 
+impl Properties {
+    /// A transport that moves bytes with the CPU (host memory only) and knows neither its
+    /// link speed nor its latency: tcp and shm.
+    pub fn host_only(name: &'static str, max_requests: usize) -> Self {
+        Properties {
+            name,
+            speed_mbps: None,
+            latency_us: None,
+            ptr_support: PtrSupport {
+                host: true,
+                cuda: false,
+                dmabuf: false,
+            },
+            max_requests,
+        }
+    }
+}
+
 /// A dma-buf that holds a region's device memory, for NICs that register device memory
 /// through dma-buf rather than through the nvidia-peermem module. Only the file descriptor
 /// travels here so that this crate needs no CUDA: the CUDA code exports it

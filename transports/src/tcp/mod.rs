@@ -22,8 +22,8 @@ use crate::frame::{self, HEADER_LEN};
 use crate::framed::{FramedRecv, Inbound, Posted};
 use crate::slots::Slots;
 use crate::{
-    Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
-    SendComm, Transport, TransportError,
+    Handle, Identity, Listener, Properties, RecvComm, Registration, RequestId, Result, SendComm,
+    Transport, TransportError,
 };
 use lanes::{Direction, Lanes, MAX_LANES, MAX_THREADS, SPLIT_MIN};
 use std::collections::HashMap;
@@ -154,17 +154,7 @@ fn set_buffers(stream: &TcpStream, sndbuf: usize, rcvbuf: usize) -> io::Result<(
 
 impl Transport for TcpTransport {
     fn properties(&self) -> Properties {
-        Properties {
-            name: "tcp",
-            speed_mbps: None,
-            latency_us: None,
-            ptr_support: PtrSupport {
-                host: true,
-                cuda: false,
-                dmabuf: false,
-            },
-            max_requests: self.config.max_requests,
-        }
+        Properties::host_only("tcp", self.config.max_requests)
     }
 
     fn identity(&self) -> Identity {
