@@ -30,6 +30,7 @@
 //! all. Both ends must agree on the threshold: the acceptor's reply fixes it per connection.
 
 use super::wc;
+use crate::slots::{SlotState as Slot, SlotTable};
 use crate::{RequestId, Result, TransportError};
 use std::time::{Duration, Instant};
 
@@ -191,18 +192,10 @@ pub struct ProtoConfig {
     pub eager: usize,
 }
 
-/// One request slot of a connection's ring (indexed by sequence number modulo the depth).
-#[derive(Clone, Copy, Debug)]
-enum Slot<T> {
-    Free,
-    Active(T),
-    Done(usize),
-}
-
-/// The request ring both ends keep: ids are slot indices, recycled once reported.
+/// The request ring both ends keep: a [`SlotTable`] indexed by sequence number modulo the
+/// depth, so the id of message `seq` is known without a lookup.
 struct Ring<T> {
-    slots: Vec<Slot<T>>,
-    peer: u32,
+    table: SlotTable<T>,
 }
 
 impl<T: Copy> Ring<T> {
@@ -212,50 +205,30 @@ impl<T: Copy> Ring<T> {
             "verbs: depth must be a power of two"
         );
         Ring {
-            slots: vec![Slot::Free; depth],
-            peer,
+            table: SlotTable::new(depth, peer),
         }
     }
 
     fn index(&self, seq: u64) -> usize {
-        (seq as usize) & (self.slots.len() - 1)
+        (seq as usize) & (self.table.len() - 1)
     }
 
     fn get(&self, i: usize) -> Slot<T> {
-        self.slots[i]
+        *self.table.state(i)
     }
 
     fn set(&mut self, i: usize, s: Slot<T>) {
-        self.slots[i] = s;
+        *self.table.state_mut(i) = s;
     }
 
     /// Takes the slot of message `seq` for `t`, unless its previous occupant is unreported.
     fn claim(&mut self, seq: u64, t: T) -> Result<RequestId> {
-        let i = self.index(seq);
-        if !matches!(self.slots[i], Slot::Free) {
-            return Err(TransportError::TooManyRequests {
-                peer: self.peer,
-                max: self.slots.len(),
-            });
-        }
-        self.slots[i] = Slot::Active(t);
-        Ok(RequestId(i as u32))
+        self.table.claim(self.index(seq), t)
     }
 
     /// `Some(bytes)` once `id` is complete; the id is free again afterwards.
     fn take(&mut self, id: RequestId) -> Result<Option<usize>> {
-        let r = self
-            .slots
-            .get_mut(id.0 as usize)
-            .ok_or(TransportError::UnknownRequest(id.0))?;
-        match *r {
-            Slot::Free => Err(TransportError::UnknownRequest(id.0)),
-            Slot::Done(n) => {
-                *r = Slot::Free;
-                Ok(Some(n))
-            }
-            Slot::Active(_) => Ok(None),
-        }
+        self.table.take(id)
     }
 
     /// Fails when an active request has waited longer than `timeout` for its next step;
@@ -266,15 +239,13 @@ impl<T: Copy> Ring<T> {
         timeout: Duration,
         describe: impl Fn(&T) -> (Instant, String),
     ) -> Result<()> {
-        for s in &self.slots {
-            if let Slot::Active(t) = s {
-                let (since, what) = describe(t);
-                if now.duration_since(since) > timeout {
-                    return Err(TransportError::Timeout {
-                        secs: timeout.as_secs_f64(),
-                        what,
-                    });
-                }
+        for t in self.table.pending() {
+            let (since, what) = describe(t);
+            if now.duration_since(since) > timeout {
+                return Err(TransportError::Timeout {
+                    secs: timeout.as_secs_f64(),
+                    what,
+                });
             }
         }
         Ok(())
@@ -433,7 +404,7 @@ impl SendProto {
         let seq = c.wr_id & !EAGER_WR;
         let i = self.reqs.index(seq);
         match self.reqs.get(i) {
-            Slot::Active(SendReq::Writing { seq: s, len, .. }) if s == seq => {
+            Slot::Pending(SendReq::Writing { seq: s, len, .. }) if s == seq => {
                 self.reqs.set(i, Slot::Done(len as usize));
                 self.any_completed = true;
             }
@@ -457,7 +428,7 @@ impl SendProto {
         while self.next_write < self.next_post {
             let seq = self.next_write;
             let i = self.reqs.index(seq);
-            let Slot::Active(SendReq::Waiting { local, tag, .. }) = self.reqs.get(i) else {
+            let Slot::Pending(SendReq::Waiting { local, tag, .. }) = self.reqs.get(i) else {
                 break;
             };
             let eager = self.eager(&local);
@@ -505,7 +476,7 @@ impl SendProto {
             }
             self.reqs.set(
                 i,
-                Slot::Active(SendReq::Writing {
+                Slot::Pending(SendReq::Writing {
                     seq,
                     len: local.len,
                     since: now,
@@ -778,7 +749,7 @@ impl RecvProto {
                 let e = Early { seq, len, tag };
                 self.any_completed = true;
                 match self.reqs.get(i) {
-                    Slot::Active(r) if r.want().seq == seq => {
+                    Slot::Pending(r) if r.want().seq == seq => {
                         let w = *r.want();
                         let n = self.deliver(wire, &w, e)?;
                         if let RecvReq::Posted {
@@ -797,7 +768,7 @@ impl RecvProto {
                 let seq = self.seq_of(imm)?;
                 let i = self.reqs.index(seq);
                 match self.reqs.get(i) {
-                    Slot::Active(RecvReq::Posted {
+                    Slot::Pending(RecvReq::Posted {
                         want,
                         announced: true,
                     }) if want.seq == seq => {
@@ -891,7 +862,7 @@ impl RecvProto {
             let seq = self.next_match;
             let i = self.reqs.index(seq);
             let want = match self.reqs.get(i) {
-                Slot::Active(RecvReq::Queued(w)) if w.seq == seq => w,
+                Slot::Pending(RecvReq::Queued(w)) if w.seq == seq => w,
                 // Served already (it came eagerly while queued).
                 _ => {
                     self.next_match += 1;
@@ -907,7 +878,7 @@ impl RecvProto {
                 // Whatever fits comes eagerly: no entry to announce.
                 self.reqs.set(
                     i,
-                    Slot::Active(RecvReq::Posted {
+                    Slot::Pending(RecvReq::Posted {
                         want,
                         announced: false,
                     }),
@@ -931,7 +902,7 @@ impl RecvProto {
                 self.cts_busy[i] = true;
                 self.reqs.set(
                     i,
-                    Slot::Active(RecvReq::Posted {
+                    Slot::Pending(RecvReq::Posted {
                         want: Want { since: now, ..want },
                         announced: true,
                     }),
