@@ -446,36 +446,6 @@ impl Waiter {
         Ok(true)
     }
 
-    /// [`Waiter::sleep`] for the usual case of one receiving and one sending comm, either of
-    /// which may not be blocked (`None`).
-    pub(crate) fn sleep_pair(
-        &mut self,
-        mut recv: Option<&mut (dyn RecvComm + 'static)>,
-        mut send: Option<&mut (dyn SendComm + 'static)>,
-    ) {
-        let on = [
-            recv.as_mut().map_or(Sleep::Nap, |c| c.sleep_on()),
-            send.as_mut().map_or(Sleep::Nap, |c| c.sleep_on()),
-        ];
-        let k = match (recv.is_some(), send.is_some()) {
-            (true, true) => 2,
-            (false, false) => 0,
-            _ => 1,
-        };
-        let on = if recv.is_some() {
-            &on[..k]
-        } else {
-            &on[1..1 + k]
-        };
-        self.sleep(on);
-        if let Some(c) = recv {
-            c.woke();
-        }
-        if let Some(c) = send {
-            c.woke();
-        }
-    }
-
     /// Sleep until one of `on` may allow progress, or briefly when none names a descriptor.
     pub(crate) fn sleep(&mut self, on: &[Sleep]) {
         let mut fds = [libc::pollfd {

@@ -104,10 +104,6 @@ pub(crate) struct Regs {
 }
 
 impl Regs {
-    pub fn new<T>(comm: &Communicator, regions: &[(*const T, usize)]) -> Result<Regs, CommError> {
-        Regs::with_kind(comm, regions, MemoryKind::Host)
-    }
-
     /// Registers regions of `kind`; on an error the regions registered so far are released.
     pub fn with_kind<T>(
         comm: &Communicator,

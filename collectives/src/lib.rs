@@ -16,6 +16,7 @@ pub mod cuda;
 mod data;
 pub mod dtype;
 pub mod element;
+mod engine;
 mod error;
 pub mod offload;
 pub mod p2p;

@@ -5,13 +5,13 @@
 //! never waits for one peer while another could make progress, and a group that pairs
 //! sends and receives in any order cannot deadlock.
 
-use crate::communicator::{Communicator, Waiter};
-use crate::data::{bytes_of, Data, Regs};
-use crate::dtype::DataType;
+use crate::communicator::Communicator;
+use crate::data::{bytes_of, Data};
+use crate::dtype::{DataType, ReduceOp};
+use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
 use crate::error::CommError;
 use crate::offload;
 use crate::workspace::scratch;
-use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
 
 /// One transfer of a group. Pointers must stay valid until the group completes.
 #[derive(Clone, Copy)]
@@ -28,9 +28,63 @@ pub(crate) enum Xfer {
     },
 }
 
-enum Pending {
-    Send(usize, RequestId),
-    Recv(usize, RequestId, usize),
+/// A group as a plan: one connection per peer and direction, every transfer ready at once.
+struct Group<'x> {
+    xfers: &'x [Xfer],
+    regions: &'x [(*const u8, usize)],
+    name: &'static str,
+    links: Vec<Link>,
+    /// Per link, the indices of its transfers in `xfers`, in order, and how many are handed.
+    order: Vec<(Vec<usize>, usize)>,
+}
+
+impl Group<'_> {
+    fn next(&mut self, link: usize) -> Option<usize> {
+        let (list, handed) = &mut self.order[link];
+        let i = *list.get(*handed)?;
+        *handed += 1;
+        Some(i)
+    }
+}
+
+impl Plan<u8> for Group<'_> {
+    type Key = ();
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn links(&self) -> &[Link] {
+        &self.links
+    }
+    fn slot_elems(&self) -> usize {
+        0
+    }
+    fn regions(&self) -> Vec<(*const u8, usize)> {
+        self.regions.to_vec()
+    }
+    fn next_send(&mut self, link: usize, _at: &Progress) -> Option<Out<u8>> {
+        match self.xfers[self.next(link)?] {
+            Xfer::Send { ptr, len, .. } => Some(Out {
+                from: ptr,
+                len,
+                own: false,
+            }),
+            Xfer::Recv { .. } => None,
+        }
+    }
+    fn next_recv(&mut self, link: usize, _at: &Progress) -> Option<In<u8, ()>> {
+        match self.xfers[self.next(link)?] {
+            Xfer::Recv { ptr, len, .. } => Some(In {
+                into: Some(ptr),
+                len,
+                key: (),
+            }),
+            Xfer::Send { .. } => None,
+        }
+    }
+    fn arrived(&mut self, _link: usize, _key: ()) -> Arrival<u8> {
+        Arrival::Landed
+    }
 }
 
 /// Run a group of transfers to completion. Transfers to the same peer in the same direction
@@ -46,136 +100,41 @@ pub(crate) unsafe fn exchange(
     channel: u32,
     name: &'static str,
 ) -> Result<(), CommError> {
-    let tag = comm.next_tag();
-    let r = comm.rank();
-    let regs = Regs::new(comm, regions)?;
-    let mut sends: Vec<(usize, Box<dyn SendComm>)> = Vec::new();
-    let mut recvs: Vec<(usize, Box<dyn RecvComm>)> = Vec::new();
-    let result = (|| -> Result<(), CommError> {
-        let err = |peer: usize, what: &'static str| {
-            move |cause| CommError::Transport {
-                rank: r,
-                peer: Some(peer),
-                during: format!("{name} (call {tag}): {what} rank {peer}"),
-                cause,
+    let mut plan = Group {
+        xfers,
+        regions,
+        name,
+        links: Vec::new(),
+        order: Vec::new(),
+    };
+    for (i, x) in xfers.iter().enumerate() {
+        let (peer, dir) = match *x {
+            Xfer::Send { peer, .. } => (peer, Dir::Send),
+            Xfer::Recv { peer, .. } => (peer, Dir::Recv),
+        };
+        let l = match plan
+            .links
+            .iter()
+            .position(|l| l.peer == peer && l.dir == dir)
+        {
+            Some(l) => l,
+            None => {
+                plan.links.push(Link {
+                    peer,
+                    channel,
+                    dir,
+                    messages: 0,
+                    staged: None,
+                    label: "",
+                });
+                plan.order.push((Vec::new(), 0));
+                plan.links.len() - 1
             }
         };
-        let mut pending = Vec::with_capacity(xfers.len());
-        for x in xfers {
-            match *x {
-                Xfer::Send { peer, ptr, len } => {
-                    let i = match sends.iter().position(|(p, _)| *p == peer) {
-                        Some(i) => i,
-                        None => {
-                            sends.push((peer, comm.take_send(peer, channel)?));
-                            sends.len() - 1
-                        }
-                    };
-                    let id = sends[i]
-                        .1
-                        .isend(regs.find(ptr, len), ptr, len, tag)
-                        .map_err(err(peer, "sending to"))?;
-                    pending.push(Pending::Send(i, id));
-                }
-                Xfer::Recv { peer, ptr, len } => {
-                    let i = match recvs.iter().position(|(p, _)| *p == peer) {
-                        Some(i) => i,
-                        None => {
-                            recvs.push((peer, comm.take_recv(peer, channel)?));
-                            recvs.len() - 1
-                        }
-                    };
-                    let id = recvs[i]
-                        .1
-                        .irecv(regs.find(ptr, len), ptr, len, tag)
-                        .map_err(err(peer, "receiving from"))?;
-                    pending.push(Pending::Recv(i, id, len));
-                }
-            }
-        }
-        let mut waiter = Waiter::new(comm);
-        // Reused across idle passes: the wait loop must not allocate.
-        let mut on: Vec<Sleep> = Vec::with_capacity(16);
-        while !pending.is_empty() {
-            let before = pending.len();
-            let mut failure = None;
-            pending.retain(|p| {
-                if failure.is_some() {
-                    return true;
-                }
-                let done = match *p {
-                    Pending::Send(i, id) => {
-                        sends[i].1.test(id).map_err(err(sends[i].0, "sending to"))
-                    }
-                    Pending::Recv(i, id, len) => {
-                        let peer = recvs[i].0;
-                        match recvs[i].1.test(id).map_err(err(peer, "receiving from")) {
-                            Ok(Some(got)) if got != len => {
-                                Err(CommError::short_message(r, name, peer, got, len))
-                            }
-                            other => other,
-                        }
-                    }
-                };
-                match done {
-                    Ok(Some(_)) => false,
-                    Ok(None) => true,
-                    Err(e) => {
-                        failure = Some(e);
-                        true
-                    }
-                }
-            });
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            if pending.len() < before {
-                waiter.progressed();
-                continue;
-            }
-            let first = match pending.first() {
-                Some(Pending::Send(i, _)) => (sends[*i].0, "to take data"),
-                Some(Pending::Recv(i, _, _)) => (recvs[*i].0, "to send data"),
-                None => (r, ""),
-            };
-            let sleep = waiter.idle(comm, || {
-                (
-                    first.0,
-                    format!(
-                        "waiting for rank {} {} ({name} call {tag}, {} transfers pending)",
-                        first.0,
-                        first.1,
-                        pending.len()
-                    ),
-                )
-            })?;
-            if sleep {
-                on.clear();
-                for p in pending.iter().take(16) {
-                    on.push(match *p {
-                        Pending::Send(i, _) => sends[i].1.sleep_on(),
-                        Pending::Recv(i, _, _) => recvs[i].1.sleep_on(),
-                    });
-                }
-                waiter.sleep(&on);
-                for p in pending.iter().take(16) {
-                    match *p {
-                        Pending::Send(i, _) => sends[i].1.woke(),
-                        Pending::Recv(i, _, _) => recvs[i].1.woke(),
-                    }
-                }
-            }
-        }
-        Ok(())
-    })();
-    for (p, c) in sends {
-        comm.put_send(p, channel, c);
+        plan.links[l].messages += 1;
+        plan.order[l].0.push(i);
     }
-    for (p, c) in recvs {
-        comm.put_recv(p, channel, c);
-    }
-    regs.release(comm);
-    result
+    engine::run(comm, &mut plan, ReduceOp::Sum)
 }
 
 /// AlltoAll: block j of every rank's input (`count` elements each) goes to rank j, landing

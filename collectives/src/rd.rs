@@ -17,15 +17,15 @@
 //! same bits even where an operator is not commutative bit for bit (min/max of +0 and -0, NaN
 //! payloads).
 
-use crate::communicator::{Communicator, Waiter};
+use crate::communicator::Communicator;
 use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{finish_avg, reduce_inplace, Element};
+use crate::element::Element;
+use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
 use crate::error::CommError;
 use crate::offload;
 use crate::with_dtype;
 use crate::workspace::premultiplied;
-use busbw_transports::{MemRegion, MemoryKind, RecvComm, Registration, SendComm};
 
 /// Channel of recursive doubling: the ring's. Calls never overlap, so sharing it is safe, and
 /// on two ranks the partner is the ring neighbour whose connections already exist.
@@ -64,6 +64,110 @@ pub fn rd_hops(n: usize) -> usize {
     p.trailing_zeros() as usize + if p == n { 0 } else { 2 }
 }
 
+/// What a connection carries in the plan: its step, and for a receive whether it is
+/// combined with our result (`Some(theirs_first)`) or is the result itself (`None`).
+#[derive(Clone, Copy)]
+struct Role {
+    step: usize,
+    combine: Option<bool>,
+}
+
+/// Recursive doubling as a plan: each step's send and receive may start once the step
+/// before is complete (its data combined, its send off the buffer the next receive may
+/// overwrite), and every step's result goes to the next in full.
+struct RdPlan<T> {
+    n: usize,
+    dst: *mut T,
+    count: usize,
+    links: Vec<Link>,
+    roles: Vec<Role>,
+    /// Per step, its connections.
+    steps: Vec<[Option<usize>; 2]>,
+    /// The step whose combine is the last (it applies avg's division).
+    last_combine: Option<usize>,
+    avg: bool,
+}
+
+impl<T> RdPlan<T> {
+    fn add(&mut self, peer: usize, dir: Dir, combine: Option<bool>) {
+        let step = self.steps.len().saturating_sub(1);
+        self.links.push(Link {
+            peer,
+            channel: CHANNEL,
+            dir,
+            messages: 1,
+            // One slot for every step: a step's receive waits for the step before.
+            staged: combine.map(|_| 0),
+            label: "",
+        });
+        self.roles.push(Role { step, combine });
+        let l = self.links.len() - 1;
+        self.steps[step][usize::from(dir == Dir::Recv)] = Some(l);
+        if combine.is_some() {
+            self.last_combine = Some(step);
+        }
+    }
+
+    fn step(&mut self) {
+        self.steps.push([None, None]);
+    }
+
+    /// Whether `link`'s step may start.
+    fn ready(&self, link: usize, at: &Progress) -> bool {
+        let s = self.roles[link].step;
+        s == 0 || self.steps[s - 1].iter().flatten().all(|&l| at.done(l) > 0)
+    }
+}
+
+impl<T> Plan<T> for RdPlan<T> {
+    type Key = ();
+
+    fn name(&self) -> &'static str {
+        "rd_all_reduce"
+    }
+    fn links(&self) -> &[Link] {
+        &self.links
+    }
+    fn slot_elems(&self) -> usize {
+        self.count
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        vec![(self.dst as *const T, self.count)]
+    }
+    fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>> {
+        self.ready(link, at).then_some(Out {
+            from: self.dst as *const T,
+            len: self.count,
+            own: false,
+        })
+    }
+    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T, ()>> {
+        let into = match self.roles[link].combine {
+            Some(_) => None,
+            None => Some(self.dst),
+        };
+        self.ready(link, at).then_some(In {
+            into,
+            len: self.count,
+            key: (),
+        })
+    }
+    fn arrived(&mut self, link: usize, _key: ()) -> Arrival<T> {
+        let role = self.roles[link];
+        let Some(theirs_first) = role.combine else {
+            return Arrival::Landed;
+        };
+        let last = self.last_combine == Some(role.step);
+        Arrival::Reduce {
+            out: self.dst,
+            mine: self.dst as *const T,
+            avg_over: (last && self.avg).then_some(self.n),
+            travels_on: false,
+            theirs_first,
+        }
+    }
+}
+
 /// # Safety
 /// `src` and `dst` valid for `count` elements (possibly equal: in place).
 pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
@@ -75,35 +179,13 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
 ) -> Result<(), CommError> {
     let n = comm.size();
     let r = comm.rank();
-    let tag = comm.next_tag();
     if !std::ptr::eq(src, dst) && count > 0 {
         std::ptr::copy_nonoverlapping(src, dst, count);
     }
     if n == 1 || count == 0 {
+        comm.next_tag();
         return Ok(());
     }
-    let esize = std::mem::size_of::<T>();
-    let bytes = count * esize;
-    if comm.staging.ensure(bytes).is_none() {
-        return Err(CommError::OutOfMemory {
-            rank: r,
-            bytes,
-            what: "staging buffers",
-        });
-    }
-    let stage = comm.staging.as_mut_slice().as_mut_ptr() as *mut T;
-    let reg = |p: *mut T| {
-        comm.transport()
-            .register(MemRegion::new(p as *mut u8, bytes, MemoryKind::Host))
-            .map_err(|cause| CommError::Transport {
-                rank: r,
-                peer: None,
-                during: "registering memory".into(),
-                cause,
-            })
-    };
-    let regs = [reg(dst)?, reg(stage)?];
-
     let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
     let rem = n - p;
     // Index among the `p` ranks that double, or None for a rank folded away.
@@ -113,194 +195,45 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
         Some(r - rem)
     };
     let real = |v: usize| if v < rem { 2 * v + 1 } else { v + rem };
-    let mut x = Xchg {
-        comm,
-        regs,
-        tag,
-        bytes,
-        dst: dst as *mut u8,
-        stage: stage as *mut u8,
+    let mut plan = RdPlan {
+        n,
+        dst,
+        count,
+        links: Vec::with_capacity(2),
+        roles: Vec::with_capacity(2),
+        steps: Vec::with_capacity(1),
+        last_combine: None,
+        avg: op == ReduceOp::Avg,
     };
-
-    let result = (|| -> Result<(), CommError> {
-        match vrank {
-            None => {
-                // Folded: hand our input to r+1, get the result back at the end.
-                x.run(Some(r + 1), None)?;
-                x.run(None, Some((r + 1, false)))?;
+    match vrank {
+        None => {
+            // Folded: hand our input to r+1, get the result back at the end.
+            plan.step();
+            plan.add(r + 1, Dir::Send, None);
+            plan.step();
+            plan.add(r + 1, Dir::Recv, None);
+        }
+        Some(v) => {
+            if r < 2 * rem {
+                // Absorb the even rank before us: its data is the lower side.
+                plan.step();
+                plan.add(r - 1, Dir::Recv, Some(true));
             }
-            Some(v) => {
-                if r < 2 * rem {
-                    // Absorb the even rank before us: its data is the lower side.
-                    x.run(None, Some((r - 1, true)))?;
-                    combine::<T>(op, dst, stage, count, false);
-                }
-                let mut mask = 1;
-                while mask < p {
-                    let partner = v ^ mask;
-                    x.run(Some(real(partner)), Some((real(partner), true)))?;
-                    combine::<T>(op, dst, stage, count, v < partner);
-                    mask <<= 1;
-                }
-                if op == ReduceOp::Avg {
-                    finish_avg(std::slice::from_raw_parts_mut(dst, count), n);
-                }
-                if r < 2 * rem {
-                    x.run(Some(r - 1), None)?;
-                }
+            let mut mask = 1;
+            while mask < p {
+                let partner = v ^ mask;
+                plan.step();
+                plan.add(real(partner), Dir::Send, None);
+                plan.add(real(partner), Dir::Recv, Some(v > partner));
+                mask <<= 1;
+            }
+            if r < 2 * rem {
+                plan.step();
+                plan.add(r - 1, Dir::Send, None);
             }
         }
-        Ok(())
-    })();
-    for reg in x.regs {
-        let _ = x.comm.transport().deregister(reg);
     }
-    result
-}
-
-/// `dst = dst op stage` when our side is the lower one, else `dst = stage op dst`, so both
-/// ranks of a pair compute the identical value.
-///
-/// # Safety
-/// `dst` and `stage` are distinct and valid for `count` elements.
-unsafe fn combine<T: Element>(
-    op: ReduceOp,
-    dst: *mut T,
-    stage: *mut T,
-    count: usize,
-    mine_first: bool,
-) {
-    let d = std::slice::from_raw_parts_mut(dst, count);
-    let s = std::slice::from_raw_parts_mut(stage, count);
-    if mine_first {
-        reduce_inplace(op, d, s);
-    } else {
-        reduce_inplace(op, s, d);
-        d.copy_from_slice(s);
-    }
-}
-
-/// One step's transfers: the whole result buffer out, the partner's into staging (or, for a
-/// folded rank's last step, into the result buffer).
-struct Xchg<'a> {
-    comm: &'a mut Communicator,
-    regs: [Registration; 2],
-    tag: u32,
-    bytes: usize,
-    dst: *mut u8,
-    stage: *mut u8,
-}
-
-impl Xchg<'_> {
-    /// Send the result buffer to `to` and/or receive from `from` (`(peer, into staging)`),
-    /// progressing both until done.
-    fn run(&mut self, to: Option<usize>, from: Option<(usize, bool)>) -> Result<(), CommError> {
-        let mut send = match to {
-            Some(p) => Some((p, self.comm.take_send(p, CHANNEL)?)),
-            None => None,
-        };
-        let mut recv = match from.map(|(p, s)| self.comm.take_recv(p, CHANNEL).map(|c| (p, s, c))) {
-            None => None,
-            Some(Ok(c)) => Some(c),
-            Some(Err(e)) => {
-                if let Some((p, c)) = send {
-                    self.comm.put_send(p, CHANNEL, c);
-                }
-                return Err(e);
-            }
-        };
-        let result = self.progress(send.as_mut(), recv.as_mut());
-        if let Some((p, c)) = send {
-            self.comm.put_send(p, CHANNEL, c);
-        }
-        if let Some((p, _, c)) = recv {
-            self.comm.put_recv(p, CHANNEL, c);
-        }
-        result
-    }
-
-    fn progress(
-        &mut self,
-        send: Option<&mut (usize, Box<dyn SendComm>)>,
-        recv: Option<&mut (usize, bool, Box<dyn RecvComm>)>,
-    ) -> Result<(), CommError> {
-        let (r, tag, bytes) = (self.comm.rank(), self.tag, self.bytes);
-        let err = |peer: usize, what: &'static str| {
-            move |cause| CommError::Transport {
-                rank: r,
-                peer: Some(peer),
-                during: format!("rd_all_reduce (call {tag}): {what} rank {peer}"),
-                cause,
-            }
-        };
-        // SAFETY: the result buffer is not written while the send is in flight (the receive
-        // goes to staging, except a folded rank's, which sends nothing at the same time), and
-        // the receive target is written by nobody else until it completes.
-        let (mut send, mut recv) = (send, recv);
-        let mut sid = match &mut send {
-            Some((p, c)) => Some(
-                unsafe { c.isend(&self.regs[0], self.dst, bytes, tag) }
-                    .map_err(err(*p, "sending to"))?,
-            ),
-            None => None,
-        };
-        let mut rid = match &mut recv {
-            Some((p, into_stage, c)) => {
-                let (reg, ptr) = if *into_stage {
-                    (&self.regs[1], self.stage)
-                } else {
-                    (&self.regs[0], self.dst)
-                };
-                Some(unsafe { c.irecv(reg, ptr, bytes, tag) }.map_err(err(*p, "receiving from"))?)
-            }
-            None => None,
-        };
-        let mut waiter = Waiter::new(self.comm);
-        while sid.is_some() || rid.is_some() {
-            let mut progressed = false;
-            if let (Some(id), Some((p, c))) = (sid, send.as_mut()) {
-                if c.test(id).map_err(err(*p, "sending to"))?.is_some() {
-                    sid = None;
-                    progressed = true;
-                }
-            }
-            if let (Some(id), Some((p, _, c))) = (rid, recv.as_mut()) {
-                if let Some(got) = c.test(id).map_err(err(*p, "receiving from"))? {
-                    if got != bytes {
-                        return Err(CommError::short_message(r, "rd_all_reduce", *p, got, bytes));
-                    }
-                    rid = None;
-                    progressed = true;
-                }
-            }
-            if progressed {
-                waiter.progressed();
-                continue;
-            }
-            let peer = recv
-                .as_ref()
-                .filter(|_| rid.is_some())
-                .map(|(p, _, _)| *p)
-                .or(send.as_ref().map(|(p, _)| *p))
-                .unwrap_or(r);
-            if waiter.idle(self.comm, || {
-                (
-                    peer,
-                    format!("waiting for rank {peer} (rd_all_reduce call {tag})"),
-                )
-            })? {
-                waiter.sleep_pair(
-                    recv.as_mut()
-                        .filter(|_| rid.is_some())
-                        .map(|(_, _, c)| c.as_mut()),
-                    send.as_mut()
-                        .filter(|_| sid.is_some())
-                        .map(|(_, c)| c.as_mut()),
-                );
-            }
-        }
-        Ok(())
-    }
+    engine::run(comm, &mut plan, op)
 }
 
 #[cfg(test)]

@@ -20,17 +20,16 @@
 //! fill it; the per-call tag catches ranks that disagree. Received segments that must be
 //! reduced land in a ring of `window` staging slots; the others land in place.
 
-use crate::communicator::{Communicator, Waiter};
+use crate::communicator::Communicator;
 pub use crate::data::Data;
 use crate::data::{bytes_of, pipeline_segment};
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{finish_avg, reduce_inplace_par, reduce_into_par, Element};
+use crate::element::Element;
+use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
 use crate::error::CommError;
-use crate::offload::{self, Offload, Reduce, Ticket};
+use crate::offload;
 use crate::with_dtype;
-use crate::workspace::{premultiplied, scratch, staging};
-use busbw_transports::RequestId;
-use std::collections::VecDeque;
+use crate::workspace::{premultiplied, scratch};
 
 /// AllReduce `count` elements of `dtype` with `op` across the communicator, leaving the
 /// result on every rank.
@@ -201,19 +200,86 @@ impl Cursor {
     }
 }
 
-struct PendingRecv {
-    id: RequestId,
-    t: usize,
-    k: usize,
-    slot: usize,
-    /// The device reduction of what arrived, once issued.
-    ticket: Option<Ticket>,
+/// A [`RingPlan`] as the engine runs it: messages in (step, segment) order on the one
+/// connection each way; the first `initial` sends read our own input, each later one
+/// forwards the segment a processed receive completed.
+struct RingRun<'p, T, P> {
+    plan: &'p P,
+    ch: Chunks,
+    n: usize,
+    op: ReduceOp,
+    name: &'static str,
+    links: Vec<Link>,
+    send_cur: Cursor,
+    recv_cur: Cursor,
+    initial: usize,
+    sent: usize,
+    released: usize,
+    _t: std::marker::PhantomData<T>,
 }
 
-fn no_device(rank: usize, name: &str) -> CommError {
-    CommError::Invalid(format!(
-        "rank {rank}: {name}: a device reduction is pending but the call has no device"
-    ))
+impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
+    /// (step, segment).
+    type Key = (usize, usize);
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn links(&self) -> &[Link] {
+        &self.links
+    }
+    fn slot_elems(&self) -> usize {
+        self.ch.seg
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        self.plan.regions()
+    }
+    fn next_send(&mut self, _link: usize, _at: &Progress) -> Option<Out<T>> {
+        let (p, ch, steps) = (self.plan, &self.ch, self.plan.steps());
+        if self.sent >= self.initial + self.released || self.send_cur.t >= steps {
+            return None;
+        }
+        let (t, k) = (self.send_cur.t, self.send_cur.k);
+        let (off, len) = ch.segment(p.send_chunk(t), k);
+        let own = self.sent < self.initial;
+        self.send_cur.advance(|t| p.send_chunk(t), ch, steps);
+        self.sent += 1;
+        Some(Out {
+            from: p.send_from(t, off),
+            len,
+            own,
+        })
+    }
+    fn next_recv(&mut self, _link: usize, _at: &Progress) -> Option<In<T, (usize, usize)>> {
+        let (p, ch, steps) = (self.plan, &self.ch, self.plan.steps());
+        let (t, k) = (self.recv_cur.t, self.recv_cur.k);
+        let (off, len) = ch.segment(p.recv_chunk(t), k);
+        self.recv_cur.advance(|t| p.recv_chunk(t), ch, steps);
+        Some(In {
+            into: (!p.reduces(t)).then(|| p.recv_into(t, off)),
+            len,
+            key: (t, k),
+        })
+    }
+    fn arrived(&mut self, _link: usize, (t, k): (usize, usize)) -> Arrival<T> {
+        let p = self.plan;
+        if !p.reduces(t) {
+            return Arrival::Landed;
+        }
+        let (off, _) = self.ch.segment(p.recv_chunk(t), k);
+        Arrival::Reduce {
+            out: p.reduce_out(t, off),
+            mine: p.reduce_in(t, off),
+            avg_over: (self.op == ReduceOp::Avg && p.is_final(t)).then_some(self.n),
+            travels_on: p.releases_send(t),
+            theirs_first: false,
+        }
+    }
+    fn processed(&mut self, _link: usize, (t, _): (usize, usize)) {
+        if self.plan.releases_send(t) {
+            self.released += 1;
+        }
+    }
 }
 
 /// Run a ring (or chain) plan to completion on `channel`.
@@ -229,335 +295,51 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     channel: u32,
     name: &'static str,
 ) -> Result<(), CommError> {
-    let esize = std::mem::size_of::<T>();
-    // Host memory (the common case, and latency-bound at small sizes) allocates nothing here.
-    let mut dev = if comm.has_offload() {
-        let ranges: Vec<(*const u8, usize)> = plan
-            .regions()
-            .iter()
-            .map(|&(p, e)| (p as *const u8, e * esize))
-            .collect();
-        comm.take_offload(&ranges)
-    } else {
-        None
-    };
-    let result = run_ring_on(comm, plan, ch, op, channel, name, dev.as_deref_mut());
-    offload::finish(comm, dev, result, name)
-}
-
-/// [`run_ring`] with the plan's buffers on `dev` when given (see [`crate::offload`]): own
-/// input is downloaded before it is sent, received segments are reduced on the device (and
-/// downloaded only if they travel on), received final segments are uploaded, and a send or
-/// staging slot is released only when its ticket is complete.
-///
-/// # Safety
-/// As [`run_ring`].
-unsafe fn run_ring_on<T: Element, P: RingPlan<T>>(
-    comm: &mut Communicator,
-    plan: &P,
-    ch: &Chunks,
-    op: ReduceOp,
-    channel: u32,
-    name: &'static str,
-    mut dev: Option<&mut (dyn Offload + 'static)>,
-) -> Result<(), CommError> {
-    let n = comm.size();
-    let r = comm.rank();
-    let tag = comm.next_tag();
-    let esize = std::mem::size_of::<T>();
-    let window = comm.config().window;
     let steps = plan.steps();
-    let dev_err = offload::err(r, name);
-    let seg = ch.seg;
-    let (stage, regs, direct) = offload::prepare(
-        comm,
-        dev.as_deref_mut(),
-        &plan.regions(),
-        window * seg,
-        |comm| staging::<T>(comm, seg),
-        name,
-    )?;
-    // On the direct path the plan's twin addresses stand for their device twins.
-    let mirrors = match dev.as_deref() {
-        Some(d) if direct => d.mirrors().to_vec(),
-        _ => Vec::new(),
+    let total = |chunk_of: &dyn Fn(usize) -> usize| -> usize {
+        (0..steps).map(|t| ch.segments(chunk_of(t))).sum()
     };
-    let at = |p: *const T, elems: usize| -> Result<*const T, CommError> {
-        if !direct {
-            return Ok(p);
-        }
-        let a = offload::device_of(&mirrors, p as *const u8, elems * esize).map_err(&dev_err)?;
-        Ok(a as usize as *const T)
-    };
-    let transport_err = |peer: usize, what: &'static str| {
-        move |cause| CommError::Transport {
-            rank: r,
-            peer: Some(peer),
-            during: format!("{name} (call {tag}): {what} rank {peer}"),
-            cause,
-        }
-    };
-
-    // Chain ends have no neighbour on one side; the placeholder rank is never used.
-    let left = plan.left().unwrap_or(r);
-    let right = plan.right().unwrap_or(r);
-    let mut send = match plan.right() {
-        Some(p) => Some(comm.take_send(p, channel)?),
-        None => None,
-    };
-    let mut recv = match plan.left().map(|p| comm.take_recv(p, channel)) {
-        None => None,
-        Some(Ok(c)) => Some(c),
-        Some(Err(e)) => {
-            if let Some(s) = send {
-                comm.put_send(right, channel, s);
-            }
-            regs.release(comm);
-            return Err(e);
-        }
-    };
-
-    let send_chunk = |t| plan.send_chunk(t);
-    let recv_chunk = |t| plan.recv_chunk(t);
-    let total_recvs: usize = if recv.is_some() {
-        (0..steps).map(|t| ch.segments(recv_chunk(t))).sum()
-    } else {
-        0
-    };
-    let total_sends: usize = if send.is_some() {
-        (0..steps).map(|t| ch.segments(send_chunk(t))).sum()
-    } else {
-        0
-    };
-    // Sends of our own input are ready at once; each processed receive releases the send of
-    // the segment it completed.
-    let initial = if steps > 0 && send.is_some() {
+    let mut links = Vec::with_capacity(2);
+    if let Some(peer) = plan.right() {
+        links.push(Link {
+            peer,
+            channel,
+            dir: Dir::Send,
+            messages: total(&|t| plan.send_chunk(t)),
+            staged: None,
+            label: "",
+        });
+    }
+    if let Some(peer) = plan.left() {
+        links.push(Link {
+            peer,
+            channel,
+            dir: Dir::Recv,
+            messages: total(&|t| plan.recv_chunk(t)),
+            staged: Some(0),
+            label: "",
+        });
+    }
+    let initial = if steps > 0 && plan.right().is_some() {
         plan.initially_ready(ch)
     } else {
         0
     };
-    // Sends go in cursor order: first the `initial` ones of our own input (on a device,
-    // sendable once their download is complete), then one per released receive.
-    let mut downloads: VecDeque<Ticket> = VecDeque::new();
-    let (mut downloaded, mut released) = (0, 0);
-    let mut send_cur = Cursor::start(send_chunk, ch, steps);
-    let mut recv_cur = Cursor::start(recv_chunk, ch, steps);
-    let (mut sends_posted, mut sends_done, mut recvs_posted, mut recvs_done) = (0, 0, 0, 0);
-    let mut sends_inflight: VecDeque<RequestId> = VecDeque::with_capacity(window);
-    let mut recvs_inflight: VecDeque<PendingRecv> = VecDeque::with_capacity(window);
-    let mut waiter = Waiter::new(comm);
-    let pool = comm.reduce_pool();
-
-    let result = (|| -> Result<(), CommError> {
-        match dev.as_deref_mut() {
-            Some(d) if !direct => {
-                let mut c = Cursor::start(send_chunk, ch, steps);
-                for _ in 0..initial {
-                    let (off, len) = ch.segment(send_chunk(c.t), c.k);
-                    let p = plan.send_from(c.t, off) as *const u8;
-                    downloads.push_back(d.download(p, len * esize).map_err(&dev_err)?);
-                    c.advance(send_chunk, ch, steps);
-                }
-            }
-            _ => downloaded = initial,
-        }
-        while sends_done < total_sends || recvs_done < total_recvs {
-            let mut progressed = false;
-            if let Some(d) = dev.as_deref_mut() {
-                while let Some(&t) = downloads.front() {
-                    if !d.complete(t).map_err(&dev_err)? {
-                        break;
-                    }
-                    downloads.pop_front();
-                    downloaded += 1;
-                    progressed = true;
-                }
-            }
-            let ready = if downloaded < initial {
-                downloaded
-            } else {
-                initial + released
-            };
-
-            while let Some(send) = send
-                .as_mut()
-                .filter(|_| sends_posted < ready && sends_inflight.len() < window)
-            {
-                let (t, k) = (send_cur.t, send_cur.k);
-                let (off, len) = ch.segment(send_chunk(t), k);
-                let p = at(plan.send_from(t, off), len)? as *const u8;
-                // SAFETY: the plan guarantees the segment is final for this step and is not
-                // written while the send is in flight.
-                let id = unsafe { send.isend(regs.find(p, len * esize), p, len * esize, tag) }
-                    .map_err(transport_err(right, "sending to"))?;
-                sends_inflight.push_back(id);
-                sends_posted += 1;
-                send_cur.advance(send_chunk, ch, steps);
-                progressed = true;
-            }
-            while let (Some(&id), Some(send)) = (sends_inflight.front(), send.as_mut()) {
-                match send.test(id).map_err(transport_err(right, "sending to"))? {
-                    Some(_) => {
-                        sends_inflight.pop_front();
-                        sends_done += 1;
-                        progressed = true;
-                    }
-                    None => break,
-                }
-            }
-
-            while let Some(recv) = recv
-                .as_mut()
-                .filter(|_| recvs_posted < total_recvs && recvs_inflight.len() < window)
-            {
-                let (t, k) = (recv_cur.t, recv_cur.k);
-                let (off, len) = ch.segment(recv_chunk(t), k);
-                let slot = recvs_posted % window;
-                let p = if plan.reduces(t) {
-                    stage.wrapping_add(slot * ch.seg) as *const T
-                } else {
-                    at(plan.recv_into(t, off), len)?
-                } as *mut u8;
-                // SAFETY: a staging slot is free (at most `window` receives are in flight and
-                // they complete in order); an in-place target is written by nobody else until
-                // this receive completes.
-                let id = unsafe { recv.irecv(regs.find(p, len * esize), p, len * esize, tag) }
-                    .map_err(transport_err(left, "receiving from"))?;
-                recvs_inflight.push_back(PendingRecv {
-                    id,
-                    t,
-                    k,
-                    slot,
-                    ticket: None,
-                });
-                recvs_posted += 1;
-                recv_cur.advance(recv_chunk, ch, steps);
-                progressed = true;
-            }
-            while let (Some(p), Some(recv)) = (recvs_inflight.front_mut(), recv.as_mut()) {
-                let (off, len) = ch.segment(recv_chunk(p.t), p.k);
-                if let Some(ticket) = p.ticket {
-                    // Reduced on the device: the slot and the forward wait for it.
-                    let d = dev.as_deref_mut().ok_or_else(|| no_device(r, name))?;
-                    if !d.complete(ticket).map_err(&dev_err)? {
-                        break;
-                    }
-                } else {
-                    let got = recv
-                        .test(p.id)
-                        .map_err(transport_err(left, "receiving from"))?;
-                    let Some(got) = got else { break };
-                    if got != len * esize {
-                        return Err(CommError::short_message(r, name, left, got, len * esize));
-                    }
-                    let out_p = plan.reduce_out(p.t, off);
-                    let in_p = plan.reduce_in(p.t, off);
-                    let staged_p = stage.wrapping_add(p.slot * ch.seg);
-                    let avg_over = (op == ReduceOp::Avg && plan.is_final(p.t)).then_some(n);
-                    match dev.as_deref_mut() {
-                        Some(d) if direct && plan.reduces(p.t) => {
-                            let (o, i) = (at(out_p, len)? as u64, at(in_p, len)? as u64);
-                            let tk = d
-                                .reduce_on_device(
-                                    o,
-                                    i,
-                                    staged_p as u64,
-                                    len,
-                                    T::DTYPE,
-                                    op,
-                                    avg_over,
-                                )
-                                .map_err(&dev_err)?;
-                            p.ticket = Some(tk);
-                            progressed = true;
-                            continue;
-                        }
-                        // Direct: final data arrived in device memory itself.
-                        Some(_) if direct => {}
-                        Some(d) if plan.reduces(p.t) => {
-                            let job = Reduce {
-                                out: out_p as *mut u8,
-                                mine: in_p as *const u8,
-                                staged: staged_p as *const u8,
-                                elems: len,
-                                dtype: T::DTYPE,
-                                op,
-                                avg_over,
-                                download: plan.releases_send(p.t),
-                            };
-                            p.ticket = Some(d.reduce(job).map_err(&dev_err)?);
-                            progressed = true;
-                            continue;
-                        }
-                        Some(d) => {
-                            // Final data arrived in the twin: the device gets it while it
-                            // travels on (the call syncs before it returns).
-                            let at = plan.recv_into(p.t, off) as *const u8;
-                            d.upload(at, len * esize).map_err(&dev_err)?;
-                        }
-                        None if plan.reduces(p.t) => {
-                            // SAFETY: the staging slot, the local contribution and the
-                            // output segment are valid for `len` elements and touched by no
-                            // in-flight request; output and input are either identical or
-                            // disjoint.
-                            let staged = std::slice::from_raw_parts(staged_p, len);
-                            let out = std::slice::from_raw_parts_mut(out_p, len);
-                            if std::ptr::eq(out_p as *const T, in_p) {
-                                reduce_inplace_par(op, out, staged, pool.as_deref());
-                            } else {
-                                let mine = std::slice::from_raw_parts(in_p, len);
-                                reduce_into_par(op, out, mine, staged, pool.as_deref());
-                            }
-                            if avg_over.is_some() {
-                                finish_avg(out, n);
-                            }
-                        }
-                        None => {}
-                    }
-                }
-                if plan.releases_send(p.t) {
-                    released += 1;
-                }
-                recvs_inflight.pop_front();
-                recvs_done += 1;
-                progressed = true;
-            }
-
-            let device_busy =
-                !downloads.is_empty() || recvs_inflight.front().is_some_and(|p| p.ticket.is_some());
-            if progressed {
-                waiter.progressed();
-            } else if waiter.idle(comm, || {
-                if device_busy {
-                    (r, format!("waiting for the device ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
-                } else if recvs_done < total_recvs {
-                    (left, format!("waiting for data from rank {left} ({name} call {tag}, {recvs_done}/{total_recvs} segments received)"))
-                } else {
-                    (right, format!("waiting for rank {right} to take data ({name} call {tag}, {sends_done}/{total_sends} segments sent)"))
-                }
-            })? {
-                if device_busy {
-                    // The device signals nothing a poll(2) could wait on.
-                    std::thread::yield_now();
-                } else {
-                    waiter.sleep_pair(
-                        recv.as_deref_mut().filter(|_| recvs_done < total_recvs),
-                        send.as_deref_mut().filter(|_| !sends_inflight.is_empty()),
-                    );
-                }
-            }
-        }
-        Ok(())
-    })();
-
-    if let Some(s) = send {
-        comm.put_send(right, channel, s);
-    }
-    if let Some(c) = recv {
-        comm.put_recv(left, channel, c);
-    }
-    regs.release(comm);
-    result
+    let mut run = RingRun {
+        plan,
+        ch: *ch,
+        n: comm.size(),
+        op,
+        name,
+        links,
+        send_cur: Cursor::start(|t| plan.send_chunk(t), ch, steps),
+        recv_cur: Cursor::start(|t| plan.recv_chunk(t), ch, steps),
+        initial,
+        sent: 0,
+        released: 0,
+        _t: std::marker::PhantomData,
+    };
+    engine::run(comm, &mut run, op)
 }
 
 struct AllReducePlan<T> {

@@ -33,16 +33,15 @@
 //! pipeline of `2·depth` stages has enough chunks to fill it (`enqueue.cc`). On eight local
 //! ranks both measurably help from 16 KiB to 1 MiB (`examples/tree_vs_ring.rs`).
 
-use crate::communicator::{Communicator, Waiter};
-use crate::data::{bytes_of, segment_elems, Data, Regs};
+use crate::communicator::Communicator;
+use crate::data::{bytes_of, segment_elems, Data};
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{finish_avg, reduce_inplace, reduce_into, Element};
+use crate::element::Element;
+use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
 use crate::error::CommError;
-use crate::offload::{self, Offload, Reduce, Ticket};
+use crate::offload;
 use crate::with_dtype;
 use crate::workspace::premultiplied;
-use busbw_transports::{RecvComm, RequestId, SendComm, Sleep};
-use std::collections::VecDeque;
 
 /// Transport channels of the two trees; channel 0 belongs to the rings.
 pub const TREE_CHANNELS: [u32; 2] = [1, 2];
@@ -284,7 +283,6 @@ struct Geometry {
     start: usize,
     len: usize,
     chunk: usize,
-    chunks: usize,
 }
 
 impl Geometry {
@@ -295,533 +293,142 @@ impl Geometry {
     }
 }
 
-/// One connection of a tree with its in-flight requests, `(request, chunk)` in posting order
-/// (requests on a connection complete in that order).
-struct Link<C: ?Sized> {
-    peer: usize,
-    comm: Box<C>,
-    inflight: VecDeque<(RequestId, usize)>,
-    /// Received chunks being reduced on the device: their slots stay taken until then.
-    reducing: VecDeque<Ticket>,
-    posted: usize,
-    done: usize,
+/// What a connection is to the tree it belongs to.
+#[derive(Clone, Copy)]
+enum Role {
+    /// Our partial sum (a leaf: our input) up to the parent.
+    Up,
+    /// The final result down from the parent.
+    Down,
+    /// A child's partial sum, reduced into the output.
+    FromChild,
+    /// The final result down to a child.
+    ToChild,
 }
 
-impl<C: ?Sized> Link<C> {
-    fn new(peer: usize, comm: Box<C>) -> Self {
-        Link {
-            peer,
-            comm,
-            inflight: VecDeque::new(),
-            reducing: VecDeque::new(),
-            posted: 0,
-            done: 0,
-        }
-    }
-}
-
-/// One tree's share of the call: its geometry, connections and progress.
-struct Tree {
-    t: usize,
-    channel: u32,
+/// One tree's share of the call.
+struct Side {
     geo: Geometry,
     is_root: bool,
-    to_parent: Option<Link<dyn SendComm>>,
-    from_parent: Option<Link<dyn RecvComm>>,
-    /// Up: children's partial sums. Child `i` uses staging slots `slot0 + i·window ..`.
-    from_children: Vec<Link<dyn RecvComm>>,
-    /// Down: final chunks to the children.
-    to_children: Vec<Link<dyn SendComm>>,
+    up: Option<usize>,
+    down: Option<usize>,
+    from_children: Vec<usize>,
+    to_children: usize,
     /// Children reduced into each chunk so far: the first reduction of an out-of-place call
     /// reads the input, later ones the accumulated output.
     reduced: Vec<u8>,
-    /// Root only: chunks complete and finished (avg applied).
-    finished: usize,
-    slot0: usize,
-    /// Chunks of our own input ready to send up: all of them on the host; on a device, those
-    /// whose download (tickets in `downloads`) is complete. Only a leaf sends its input.
-    own_ready: usize,
-    downloads: VecDeque<Ticket>,
 }
 
-impl Tree {
-    /// Chunks whose sum over this rank's subtree is complete (a leaf's input is).
-    fn up_ready(&self) -> usize {
-        self.from_children
-            .iter()
-            .map(|l| l.done)
-            .min()
-            .unwrap_or(self.own_ready)
-    }
-
-    /// Whether the device has work this tree waits for (nothing a poll(2) could see).
-    fn device_busy(&self) -> bool {
-        !self.downloads.is_empty() || self.from_children.iter().any(|l| !l.reducing.is_empty())
-    }
-
-    /// Chunks holding the final result in the output.
-    fn final_ready(&self) -> usize {
-        match &self.from_parent {
-            Some(l) => l.done,
-            None => self.finished,
-        }
-    }
-
-    fn complete(&self) -> bool {
-        let c = self.geo.chunks;
-        self.to_parent.as_ref().map_or(true, |l| l.done == c)
-            && self.from_parent.as_ref().map_or(true, |l| l.done == c)
-            && self.from_children.iter().all(|l| l.done == c)
-            && self.to_children.iter().all(|l| l.done == c)
-            && (!self.is_root || self.finished == c)
-    }
-
-    /// What to sleep on until this tree can progress: links with requests in flight only,
-    /// since a connection with nothing posted cannot make progress whatever its socket says.
-    fn sleep_on(&mut self, out: &mut Vec<Sleep>) {
-        for l in self
-            .from_children
-            .iter_mut()
-            .chain(self.from_parent.iter_mut())
-        {
-            if !l.inflight.is_empty() {
-                out.push(l.comm.sleep_on());
-            }
-        }
-        for l in self.to_parent.iter_mut().chain(self.to_children.iter_mut()) {
-            if !l.inflight.is_empty() {
-                out.push(l.comm.sleep_on());
-            }
-        }
-    }
-
-    /// The sleep prepared by [`Tree::sleep_on`] is over.
-    fn woke(&mut self) {
-        for l in self
-            .from_children
-            .iter_mut()
-            .chain(self.from_parent.iter_mut())
-        {
-            if !l.inflight.is_empty() {
-                l.comm.woke();
-            }
-        }
-        for l in self.to_parent.iter_mut().chain(self.to_children.iter_mut()) {
-            if !l.inflight.is_empty() {
-                l.comm.woke();
-            }
-        }
-    }
-
-    /// Who this tree is waiting for, for the timeout message: data from a peer first (the
-    /// usual culprit), then a peer that does not take our data.
-    fn waiting_for(&self) -> Option<(usize, String)> {
-        let c = self.geo.chunks;
-        let t = self.t;
-        for l in &self.from_children {
-            if l.done < c {
-                return Some((
-                    l.peer,
-                    format!(
-                        "waiting for data from rank {} (tree {t} reduce, {}/{c} chunks received)",
-                        l.peer, l.done
-                    ),
-                ));
-            }
-        }
-        if let Some(l) = self.from_parent.as_ref().filter(|l| l.done < c) {
-            return Some((
-                l.peer,
-                format!(
-                    "waiting for data from rank {} (tree {t} broadcast, {}/{c} chunks received)",
-                    l.peer, l.done
-                ),
-            ));
-        }
-        let sends = self.to_parent.iter().chain(self.to_children.iter());
-        for l in sends {
-            if l.done < c {
-                return Some((
-                    l.peer,
-                    format!(
-                        "waiting for rank {} to take data (tree {t}, {}/{c} chunks sent)",
-                        l.peer, l.done
-                    ),
-                ));
-            }
-        }
-        None
-    }
-
-    /// Return the connections to the communicator.
-    fn give_back(self, comm: &mut Communicator) {
-        let ch = self.channel;
-        if let Some(l) = self.to_parent {
-            comm.put_send(l.peer, ch, l.comm);
-        }
-        if let Some(l) = self.from_parent {
-            comm.put_recv(l.peer, ch, l.comm);
-        }
-        for l in self.from_children {
-            comm.put_recv(l.peer, ch, l.comm);
-        }
-        for l in self.to_children {
-            comm.put_send(l.peer, ch, l.comm);
-        }
-    }
-}
-
-/// What every pass of the progress loop needs besides the trees.
-struct Ctx<'a, T> {
+/// Both trees as one plan for the engine. Per chunk k, the rules that keep requests off
+/// memory being written: children's sums are reduced into `out[k]` before the up-send of
+/// `out[k]` is handed out; the down-receive into `out[k]` only after that send completed;
+/// down-sends of `out[k]` once it is final, and nothing writes it afterwards.
+struct TreePlan<T> {
     n: usize,
-    r: usize,
-    tag: u32,
     op: ReduceOp,
     src: *const T,
     dst: *mut T,
-    stage: *mut T,
-    /// Elements per staging slot.
+    count: usize,
+    sides: Vec<Side>,
+    links: Vec<Link>,
+    /// Per link: its tree (index into `sides`), its role, messages handed out so far.
+    roles: Vec<(usize, Role, usize)>,
     slot_elems: usize,
-    window: usize,
-    regs: &'a Regs,
-    /// `src`, `dst` and `stage` are device addresses the transport moves itself
-    /// (GPUDirect RDMA): reductions run on them, nothing is copied.
-    direct: bool,
 }
 
-impl<T: Element> Ctx<'_, T> {
-    fn err(
-        &self,
-        t: usize,
-        peer: usize,
-        what: &'static str,
-    ) -> impl Fn(busbw_transports::TransportError) -> CommError {
-        let (r, tag) = (self.r, self.tag);
-        move |cause| CommError::Transport {
-            rank: r,
-            peer: Some(peer),
-            during: format!("tree_all_reduce (call {tag}, tree {t}): {what} rank {peer}"),
-            cause,
+impl<T> TreePlan<T> {
+    /// Chunks of tree `s` whose sum over this rank's subtree is complete.
+    fn summed(&self, s: &Side, at: &Progress, k: usize) -> bool {
+        s.from_children.iter().all(|&l| at.done(l) > k)
+    }
+}
+
+impl<T> Plan<T> for TreePlan<T> {
+    /// Chunk index.
+    type Key = usize;
+
+    fn name(&self) -> &'static str {
+        "tree_all_reduce"
+    }
+    fn links(&self) -> &[Link] {
+        &self.links
+    }
+    fn slot_elems(&self) -> usize {
+        self.slot_elems
+    }
+    fn regions(&self) -> Vec<(*const T, usize)> {
+        vec![(self.src, self.count), (self.dst as *const T, self.count)]
+    }
+    fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>> {
+        let (t, role, k) = self.roles[link];
+        let s = &self.sides[t];
+        let leaf = s.from_children.is_empty();
+        let ready = match role {
+            // A leaf's input is ready at once; an interior rank's sum once every child's
+            // part is in.
+            Role::Up => self.summed(s, at, k),
+            // Final: received from the parent, or, at the root, summed (avg's division ran
+            // with the last child's reduction).
+            Role::ToChild => match s.down {
+                Some(d) => at.done(d) > k,
+                None => self.summed(s, at, k),
+            },
+            Role::Down | Role::FromChild => false,
+        };
+        if !ready {
+            return None;
         }
+        let (off, len) = s.geo.chunk(k);
+        let leaf_up = leaf && matches!(role, Role::Up);
+        let base = if leaf_up { self.src } else { self.dst };
+        self.roles[link].2 += 1;
+        Some(Out {
+            from: base.wrapping_add(off),
+            len,
+            own: leaf_up,
+        })
     }
-
-    fn check_len(&self, peer: usize, got: usize, want: usize) -> Result<(), CommError> {
-        if got != want {
-            return Err(CommError::short_message(
-                self.r,
-                "tree_all_reduce",
-                peer,
-                got,
-                want,
-            ));
+    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T, usize>> {
+        let (t, role, k) = self.roles[link];
+        let s = &self.sides[t];
+        let (off, len) = s.geo.chunk(k);
+        let into = match role {
+            Role::FromChild => None,
+            // The final chunk overwrites what we sent up: only after that send completed.
+            Role::Down => match s.up {
+                Some(u) if at.done(u) > k => Some(self.dst.wrapping_add(off)),
+                _ => return None,
+            },
+            Role::Up | Role::ToChild => return None,
+        };
+        self.roles[link].2 += 1;
+        Some(In { into, len, key: k })
+    }
+    fn arrived(&mut self, link: usize, k: usize) -> Arrival<T> {
+        let (t, role, _) = self.roles[link];
+        if let Role::Down = role {
+            return Arrival::Landed;
         }
-        Ok(())
-    }
-
-    /// # Safety
-    /// `(ptr, len)` lies in a registered region and obeys `isend`'s contract.
-    unsafe fn isend(
-        &self,
-        t: usize,
-        l: &mut Link<dyn SendComm>,
-        k: usize,
-        p: *const T,
-        len: usize,
-    ) -> Result<(), CommError> {
-        let (p, bytes) = (p as *const u8, len * std::mem::size_of::<T>());
-        let id = l
-            .comm
-            .isend(self.regs.find(p, bytes), p, bytes, self.tag)
-            .map_err(self.err(t, l.peer, "sending to"))?;
-        l.inflight.push_back((id, k));
-        l.posted += 1;
-        Ok(())
-    }
-
-    /// # Safety
-    /// `(ptr, len)` lies in a registered region and obeys `irecv`'s contract.
-    unsafe fn irecv(
-        &self,
-        t: usize,
-        l: &mut Link<dyn RecvComm>,
-        k: usize,
-        p: *mut T,
-        len: usize,
-    ) -> Result<(), CommError> {
-        let (p, bytes) = (p as *mut u8, len * std::mem::size_of::<T>());
-        let id = l
-            .comm
-            .irecv(self.regs.find(p, bytes), p, bytes, self.tag)
-            .map_err(self.err(t, l.peer, "receiving from"))?;
-        l.inflight.push_back((id, k));
-        l.posted += 1;
-        Ok(())
-    }
-
-    /// Retire completed sends at the front of `l`; returns how many.
-    fn test_sends(&self, t: usize, l: &mut Link<dyn SendComm>) -> Result<usize, CommError> {
-        let mut n = 0;
-        while let Some(&(id, _)) = l.inflight.front() {
-            match l.comm.test(id).map_err(self.err(t, l.peer, "sending to"))? {
-                Some(_) => {
-                    l.inflight.pop_front();
-                    l.done += 1;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(n)
-    }
-
-    /// One pass over a tree: post what may be posted, retire what completed. Returns whether
-    /// anything happened.
-    ///
-    /// Ordering rules that keep requests off memory being written, per chunk k:
-    /// children's sums are reduced into `out[k]` before the up-send of `out[k]` is posted;
-    /// the down-receive into `out[k]` is posted only after that send completed; down-sends
-    /// of `out[k]` start once it is final, and nothing writes it afterwards.
-    ///
-    /// # Safety
-    /// `src` and `dst` are valid for the call's count and `stage` for every tree's slots.
-    unsafe fn pass(
-        &self,
-        tr: &mut Tree,
-        mut dev: Option<&mut (dyn Offload + 'static)>,
-    ) -> Result<bool, CommError> {
-        let (w, t, g, op) = (self.window, tr.t, tr.geo, self.op);
         let in_place = std::ptr::eq(self.src, self.dst);
-        let mut progressed = false;
-        let esize = std::mem::size_of::<T>();
-        let dev_err = offload::err(self.r, "tree_all_reduce");
-
-        if let Some(d) = dev.as_deref_mut() {
-            while let Some(&tk) = tr.downloads.front() {
-                if !d.complete(tk).map_err(&dev_err)? {
-                    break;
-                }
-                tr.downloads.pop_front();
-                tr.own_ready += 1;
-                progressed = true;
-            }
-            for l in tr.from_children.iter_mut() {
-                while let Some(&tk) = l.reducing.front() {
-                    if !d.complete(tk).map_err(&dev_err)? {
-                        break;
-                    }
-                    l.reducing.pop_front();
-                    l.done += 1;
-                    progressed = true;
-                }
-            }
-        }
-
-        // Up, receive: a child's chunk lands in a staging slot and is reduced at once, so a
-        // slot is free whenever fewer than `window` receives are in flight on its link.
-        let n_children = tr.from_children.len();
-        for (i, l) in tr.from_children.iter_mut().enumerate() {
-            let slot = |k: usize| {
-                let at = (tr.slot0 + i * w + k % w) * self.slot_elems;
-                self.stage.wrapping_add(at)
-            };
-            while l.posted < g.chunks && l.inflight.len() + l.reducing.len() < w {
-                let k = l.posted;
-                self.irecv(t, l, k, slot(k), g.chunk(k).1)?;
-                progressed = true;
-            }
-            while let Some(&(id, k)) = l.inflight.front() {
-                let got = l
-                    .comm
-                    .test(id)
-                    .map_err(self.err(t, l.peer, "receiving from"))?;
-                let Some(got) = got else { break };
-                let (off, len) = g.chunk(k);
-                self.check_len(l.peer, got, len * esize)?;
-                let mine_p = if tr.reduced[k] == 0 && !in_place {
-                    self.src.wrapping_add(off)
-                } else {
-                    self.dst.wrapping_add(off) as *const T
-                };
-                l.inflight.pop_front();
-                tr.reduced[k] += 1;
-                progressed = true;
-                let last = usize::from(tr.reduced[k]) == n_children;
-                let avg_over = (last && tr.is_root && op == ReduceOp::Avg).then_some(self.n);
-                if let Some(d) = dev.as_deref_mut().filter(|_| self.direct) {
-                    let o = self.dst.wrapping_add(off) as u64;
-                    let tk = d
-                        .reduce_on_device(
-                            o,
-                            mine_p as u64,
-                            slot(k) as u64,
-                            len,
-                            T::DTYPE,
-                            op,
-                            avg_over,
-                        )
-                        .map_err(&dev_err)?;
-                    l.reducing.push_back(tk);
-                    continue;
-                }
-                if let Some(d) = dev.as_deref_mut() {
-                    // The last child's sum finishes the chunk: it goes up (downloaded) or,
-                    // at the root, gets avg's division and goes down.
-                    let job = Reduce {
-                        out: self.dst.wrapping_add(off) as *mut u8,
-                        mine: mine_p as *const u8,
-                        staged: slot(k) as *const u8,
-                        elems: len,
-                        dtype: T::DTYPE,
-                        op,
-                        avg_over,
-                        download: last && (tr.to_parent.is_some() || !tr.to_children.is_empty()),
-                    };
-                    l.reducing.push_back(d.reduce(job).map_err(&dev_err)?);
-                    continue;
-                }
-                let staged = std::slice::from_raw_parts(slot(k), len);
-                let out = std::slice::from_raw_parts_mut(self.dst.wrapping_add(off), len);
-                if std::ptr::eq(mine_p, self.dst.wrapping_add(off)) {
-                    reduce_inplace(op, out, staged);
-                } else {
-                    let mine = std::slice::from_raw_parts(mine_p, len);
-                    reduce_into(op, out, mine, staged);
-                }
-                l.done += 1;
-            }
-        }
-        let ready = tr.up_ready();
-
-        if tr.is_root {
-            while tr.finished < ready {
-                let (off, len) = g.chunk(tr.finished);
-                if let Some(d) = dev.as_deref_mut() {
-                    // The last child's reduction divided and downloaded the chunk; a root
-                    // without children (one rank) has only its input to copy.
-                    if tr.from_children.is_empty() && !in_place && self.direct {
-                        return Err(CommError::Invalid(format!(
-                            "rank {}: tree_all_reduce: a root without children on the direct path (one rank never gets here)",
-                            self.r
-                        )));
-                    }
-                    if tr.from_children.is_empty() && !in_place {
-                        let (dp, sp) = (
-                            self.dst.wrapping_add(off) as *mut u8,
-                            self.src.wrapping_add(off) as *const u8,
-                        );
-                        d.copy(dp, sp, len * esize, true).map_err(&dev_err)?;
-                        d.sync().map_err(&dev_err)?;
-                    }
-                    tr.finished += 1;
-                    progressed = true;
-                    continue;
-                }
-                if tr.from_children.is_empty() && !in_place {
-                    std::ptr::copy_nonoverlapping(
-                        self.src.wrapping_add(off),
-                        self.dst.wrapping_add(off),
-                        len,
-                    );
-                }
-                if op == ReduceOp::Avg {
-                    finish_avg(
-                        std::slice::from_raw_parts_mut(self.dst.wrapping_add(off), len),
-                        self.n,
-                    );
-                }
-                tr.finished += 1;
-                progressed = true;
-            }
-        }
-
-        // Up, send: a leaf sends its input, an interior rank its accumulated output.
-        if let Some(l) = tr.to_parent.as_mut() {
-            let from = if tr.from_children.is_empty() {
-                self.src
-            } else {
-                self.dst as *const T
-            };
-            while l.posted < ready && l.inflight.len() < w {
-                let k = l.posted;
-                let (off, len) = g.chunk(k);
-                self.isend(t, l, k, from.wrapping_add(off), len)?;
-                progressed = true;
-            }
-            progressed |= self.test_sends(t, l)? > 0;
-        }
-
-        // Down, receive: the final chunk overwrites what we sent up, so only after that send
-        // completed.
-        if let (Some(l), Some(up)) = (tr.from_parent.as_mut(), tr.to_parent.as_ref()) {
-            while l.posted < up.done && l.inflight.len() < w {
-                let k = l.posted;
-                let (off, len) = g.chunk(k);
-                self.irecv(t, l, k, self.dst.wrapping_add(off), len)?;
-                progressed = true;
-            }
-            while let Some(&(id, k)) = l.inflight.front() {
-                let got = l
-                    .comm
-                    .test(id)
-                    .map_err(self.err(t, l.peer, "receiving from"))?;
-                let Some(got) = got else { break };
-                let (off, len) = g.chunk(k);
-                self.check_len(l.peer, got, len * esize)?;
-                if let Some(d) = dev.as_deref_mut().filter(|_| !self.direct) {
-                    // Final data in the twin: the device gets it while it travels down.
-                    let at = self.dst.wrapping_add(off) as *const u8;
-                    d.upload(at, len * esize).map_err(&dev_err)?;
-                }
-                l.inflight.pop_front();
-                l.done += 1;
-                progressed = true;
-            }
-        }
-
-        // Down, send: final chunks to every child.
-        let fin = tr.final_ready();
-        for l in tr.to_children.iter_mut() {
-            while l.posted < fin && l.inflight.len() < w {
-                let k = l.posted;
-                let (off, len) = g.chunk(k);
-                self.isend(t, l, k, self.dst.wrapping_add(off), len)?;
-                progressed = true;
-            }
-            progressed |= self.test_sends(t, l)? > 0;
-        }
-        Ok(progressed)
-    }
-}
-
-/// Take every connection the trees need: all sends first (connecting never waits for the
-/// peer), then all receives (accepting waits for the peer's connect, which every peer makes
-/// in its own send phase), so ranks cannot wait on each other in a cycle.
-fn connect(
-    comm: &mut Communicator,
-    links: &[RankLinks; 2],
-    trees: &mut [Tree],
-) -> Result<(), CommError> {
-    for tr in trees.iter_mut() {
-        let l = &links[tr.t];
-        if let Some(p) = l.parent {
-            tr.to_parent = Some(Link::new(p, comm.take_send(p, tr.channel)?));
-        }
-        for &c in &l.children {
-            tr.to_children
-                .push(Link::new(c, comm.take_send(c, tr.channel)?));
+        let (n, op) = (self.n, self.op);
+        let s = &mut self.sides[t];
+        let (off, _) = s.geo.chunk(k);
+        let first = s.reduced[k] == 0;
+        s.reduced[k] += 1;
+        let last = usize::from(s.reduced[k]) == s.from_children.len();
+        let mine = if first && !in_place {
+            self.src.wrapping_add(off)
+        } else {
+            self.dst.wrapping_add(off) as *const T
+        };
+        Arrival::Reduce {
+            out: self.dst.wrapping_add(off),
+            mine,
+            avg_over: (last && s.is_root && op == ReduceOp::Avg).then_some(n),
+            travels_on: last && (s.up.is_some() || s.to_children > 0),
+            theirs_first: false,
         }
     }
-    for tr in trees.iter_mut() {
-        let l = &links[tr.t];
-        for &c in &l.children {
-            tr.from_children
-                .push(Link::new(c, comm.take_recv(c, tr.channel)?));
-        }
-        if let Some(p) = l.parent {
-            tr.from_parent = Some(Link::new(p, comm.take_recv(p, tr.channel)?));
-        }
-    }
-    Ok(())
 }
 
 /// # Safety
@@ -834,8 +441,8 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
-    let tag = comm.next_tag();
     if n == 1 || count == 0 {
+        comm.next_tag();
         let bytes = count * std::mem::size_of::<T>();
         return offload::local_copy(
             comm,
@@ -846,12 +453,21 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
         );
     }
     let esize = std::mem::size_of::<T>();
-    let window = comm.config().window;
     let seg = segment_elems::<T>(comm);
-    let links = rank_trees(comm.nodes(), r);
-    let mut trees = Vec::with_capacity(2);
-    let mut slots = 0;
-    let mut slot_elems = 1;
+    let trees = rank_trees(comm.nodes(), r);
+    let depth = rank_tree_depth(comm.nodes());
+    let mut plan = TreePlan {
+        n,
+        op,
+        src,
+        dst,
+        count,
+        sides: Vec::with_capacity(2),
+        links: Vec::new(),
+        roles: Vec::new(),
+        slot_elems: 1,
+    };
+    let mut pools = 0u8;
     for (t, (start, len)) in split(count, esize, comm.config().segment_bytes)
         .into_iter()
         .enumerate()
@@ -859,172 +475,46 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
         if len == 0 {
             continue; // every rank skips the same tree: the split depends on the count only
         }
-        let depth = rank_tree_depth(comm.nodes());
         let chunk = chunk_elems(len, esize, seg, depth);
         let chunks = len.div_ceil(chunk);
-        slot_elems = slot_elems.max(chunk);
-        trees.push(Tree {
-            t,
-            channel: TREE_CHANNELS[t],
-            geo: Geometry {
-                start,
-                len,
-                chunk,
-                chunks,
-            },
-            is_root: links[t].parent.is_none(),
-            to_parent: None,
-            from_parent: None,
-            from_children: Vec::new(),
-            to_children: Vec::new(),
-            reduced: vec![0; chunks],
-            finished: 0,
-            slot0: slots,
-            own_ready: chunks,
-            downloads: VecDeque::new(),
-        });
-        slots += links[t].children.len() * window;
-    }
-
-    let stage_bytes = slots * slot_elems * esize;
-    let bytes = count * esize;
-    let mut dev = comm.take_offload(&[(src as *const u8, bytes), (dst as *const u8, bytes)]);
-    let result = run_trees(
-        comm,
-        src,
-        dst,
-        count,
-        op,
-        (trees, &links),
-        (stage_bytes, slot_elems),
-        tag,
-        dev.as_deref_mut(),
-    );
-    offload::finish(comm, dev, result, "tree_all_reduce")
-}
-
-/// The trees' progress loop, on `dev` when given (see [`crate::offload`]).
-///
-/// # Safety
-/// As [`tree_all_reduce_raw`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_trees<T: Element>(
-    comm: &mut Communicator,
-    src: *const T,
-    dst: *mut T,
-    count: usize,
-    op: ReduceOp,
-    (mut trees, links): (Vec<Tree>, &[RankLinks; 2]),
-    (stage_bytes, slot_elems): (usize, usize),
-    tag: u32,
-    mut dev: Option<&mut (dyn Offload + 'static)>,
-) -> Result<(), CommError> {
-    let (n, r) = (comm.size(), comm.rank());
-    let window = comm.config().window;
-    let dev_err = offload::err(r, "tree_all_reduce");
-    let esize = std::mem::size_of::<T>();
-    let slots = stage_bytes / (slot_elems * esize).max(1);
-    let host_staging = |comm: &mut Communicator| {
-        if comm.staging.ensure(stage_bytes).is_none() {
-            return Err(CommError::OutOfMemory {
-                rank: r,
-                bytes: stage_bytes,
-                what: "tree staging buffers",
+        plan.slot_elems = plan.slot_elems.max(chunk);
+        let side = plan.sides.len();
+        let mut link = |peer: usize, dir: Dir, role: Role| {
+            plan.links.push(Link {
+                peer,
+                channel: TREE_CHANNELS[t],
+                dir,
+                messages: chunks,
+                // One pool per child: every child's sums are in flight together.
+                staged: matches!(role, Role::FromChild).then_some(pools),
+                label: [", tree 0", ", tree 1"][t],
             });
-        }
-        Ok(comm.staging.as_mut_slice().as_mut_ptr() as *mut T)
-    };
-    let regions = [(src, count), (dst as *const T, count)];
-    let (stage, regs, direct) = offload::prepare(
-        comm,
-        dev.as_deref_mut(),
-        &regions,
-        slots * slot_elems,
-        host_staging,
-        "tree_all_reduce",
-    )?;
-    // On the direct path the trees work on the device addresses themselves.
-    let (src, dst) = match dev.as_deref() {
-        Some(d) if direct => {
-            let m = d.mirrors();
-            let s = offload::device_of(m, src as *const u8, count * esize).map_err(&dev_err)?;
-            let t = offload::device_of(m, dst as *const u8, count * esize).map_err(&dev_err)?;
-            (s as usize as *const T, t as usize as *mut T)
-        }
-        _ => (src, dst),
-    };
-
-    let result = connect(comm, links, &mut trees).and_then(|()| {
-        let ctx = Ctx {
-            n,
-            r,
-            tag,
-            op,
-            src,
-            dst,
-            stage,
-            slot_elems,
-            window,
-            regs: &regs,
-            direct,
+            plan.roles.push((side, role, 0));
+            pools += u8::from(matches!(role, Role::FromChild));
+            plan.links.len() - 1
         };
-        if let Some(d) = dev.as_deref_mut().filter(|_| !direct) {
-            // A leaf sends its own input up: once each chunk is off the device.
-            for tr in trees
-                .iter_mut()
-                .filter(|tr| tr.from_children.is_empty() && tr.to_parent.is_some())
-            {
-                tr.own_ready = 0;
-                for k in 0..tr.geo.chunks {
-                    let (off, len) = tr.geo.chunk(k);
-                    let p = src.add(off) as *const u8;
-                    tr.downloads.push_back(
-                        d.download(p, len * std::mem::size_of::<T>())
-                            .map_err(&dev_err)?,
-                    );
-                }
-            }
+        let l = &trees[t];
+        let up = l.parent.map(|p| link(p, Dir::Send, Role::Up));
+        for &c in &l.children {
+            link(c, Dir::Send, Role::ToChild);
         }
-        let mut waiter = Waiter::new(comm);
-        let mut on = Vec::with_capacity(16);
-        while !trees.iter().all(Tree::complete) {
-            let mut progressed = false;
-            for tr in trees.iter_mut() {
-                progressed |= ctx.pass(tr, dev.as_deref_mut())?;
-            }
-            if progressed {
-                waiter.progressed();
-                continue;
-            }
-            let sleep = waiter.idle(comm, || {
-                trees
-                    .iter()
-                    .find_map(Tree::waiting_for)
-                    .map(|(p, what)| (p, format!("{what}, tree_all_reduce call {tag}")))
-                    .unwrap_or((r, format!("tree_all_reduce call {tag}")))
-            })?;
-            if sleep && trees.iter().any(Tree::device_busy) {
-                // The device signals nothing a poll(2) could wait on.
-                std::thread::yield_now();
-            } else if sleep {
-                on.clear();
-                for tr in trees.iter_mut() {
-                    tr.sleep_on(&mut on);
-                }
-                waiter.sleep(&on);
-                for tr in trees.iter_mut() {
-                    tr.woke();
-                }
-            }
-        }
-        Ok(())
-    });
-
-    for tr in trees {
-        tr.give_back(comm);
+        let from_children: Vec<usize> = l
+            .children
+            .iter()
+            .map(|&c| link(c, Dir::Recv, Role::FromChild))
+            .collect();
+        let down = l.parent.map(|p| link(p, Dir::Recv, Role::Down));
+        plan.sides.push(Side {
+            geo: Geometry { start, len, chunk },
+            is_root: l.parent.is_none(),
+            up,
+            down,
+            from_children,
+            to_children: l.children.len(),
+            reduced: vec![0; chunks],
+        });
     }
-    regs.release(comm);
-    result
+    engine::run(comm, &mut plan, op)
 }
 
 #[cfg(test)]

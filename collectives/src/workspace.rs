@@ -7,9 +7,13 @@ use crate::element::{scale_into, Element};
 use crate::error::CommError;
 use crate::offload;
 
-/// Grows the communicator's staging area to `window` segments and returns it.
-pub(crate) fn staging<T>(comm: &mut Communicator, seg: usize) -> Result<*mut T, CommError> {
-    let bytes = comm.config().window * seg * std::mem::size_of::<T>();
+/// Grows the communicator's staging area to `slots` slots of `elems` elements and returns it.
+pub(crate) fn staging<T>(
+    comm: &mut Communicator,
+    elems: usize,
+    slots: usize,
+) -> Result<*mut T, CommError> {
+    let bytes = slots * elems * std::mem::size_of::<T>();
     if comm.staging.ensure(bytes).is_none() {
         return Err(CommError::OutOfMemory {
             rank: comm.rank(),
