@@ -17,7 +17,7 @@
 use crate::gpu::DeviceMem;
 use crate::memory;
 use crate::plan::{Average, Plan};
-use crate::specs::{Counts, DataCtx, HostFill, Redop};
+use crate::specs::{CollectiveSpec, DataCtx, HostFill, Redop};
 use anyhow::{Context, Result};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
@@ -458,113 +458,198 @@ fn sweep(
     Ok(())
 }
 
+/// Where a cell's buffers live. The timed loop, its clock, the combined timing and the
+/// checks are one code path (`bench`) whatever the memory; only the operation and the
+/// validation run differ.
+trait Memory {
+    /// How many span-sized offsets the buffers hold (nccl-tests' rotation).
+    fn shifts(&self, span: usize) -> usize;
+    /// Input data for the timed runs, when they are checked afterwards.
+    fn prime(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+    ) -> Result<()>;
+    /// One operation with its data `off` bytes in. With `timed`, the operation's own time
+    /// when this memory measures it (device events), `None` for the host clock's laps.
+    fn op(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+        off: usize,
+        timed: bool,
+    ) -> Result<Option<f64>>;
+    /// One validation run: fresh data for `vctx`, the operation, this rank's wrong count
+    /// over `checked` (flipping a bit there first when `corrupt`).
+    fn validate(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        vctx: &DataCtx,
+        checked: std::ops::Range<usize>,
+        corrupt: bool,
+    ) -> Result<u64>;
+}
+
+impl Memory for Buffers {
+    fn shifts(&self, span: usize) -> usize {
+        let (send, recv) = (self.send.len(), self.recv.len());
+        (send.max(recv) - self.base)
+            .checked_div(span)
+            .unwrap_or(1)
+            .max(1)
+    }
+    fn prime(
+        &mut self,
+        _comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+    ) -> Result<()> {
+        (spec.init)(ctx, &mut self.fill(ctx.dtype, false));
+        Ok(())
+    }
+    fn op(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+        off: usize,
+        _timed: bool,
+    ) -> Result<Option<f64>> {
+        let (sb, span) = (
+            ctx.counts.send_bytes,
+            ctx.counts.send_bytes.max(ctx.counts.recv_bytes),
+        );
+        let send = &self.send.as_slice()[self.base..];
+        let recv = &mut self.recv.as_mut_slice()[self.base..];
+        let s = &send[off.min(send.len().saturating_sub(sb))..];
+        let roff = off.min(recv.len().saturating_sub(span));
+        (spec.run)(comm, s, &mut recv[roff..], ctx)?;
+        Ok(None)
+    }
+    fn validate(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        vctx: &DataCtx,
+        checked: std::ops::Range<usize>,
+        corrupt: bool,
+    ) -> Result<u64> {
+        let span = vctx.counts.send_bytes.max(vctx.counts.recv_bytes);
+        self.recv()[..span].fill(0);
+        (spec.init)(vctx, &mut self.fill(vctx.dtype, true));
+        let send = &self.send.as_slice()[self.base..];
+        let recv = &mut self.recv.as_mut_slice()[self.base..];
+        (spec.run)(comm, send, recv, vctx)?;
+        if corrupt && !checked.is_empty() {
+            recv[checked.start] ^= 0x01;
+        }
+        Ok(match &self.expected {
+            Some(e) => count_wrong(
+                vctx.dtype,
+                vctx.op,
+                &recv[checked.clone()],
+                &e.as_slice()[..checked.len()],
+            ),
+            None => 0,
+        })
+    }
+}
+
+/// Device buffers (`-g 1`; `gpu.rs`): each operation staged through the pinned twins and
+/// lapped with CUDA events, the data made and checked on the device.
+impl Memory for DeviceMem {
+    fn shifts(&self, span: usize) -> usize {
+        DeviceMem::shifts(self, span)
+    }
+    fn prime(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+    ) -> Result<()> {
+        self.validate(comm, spec.init, spec.run, ctx, 0..0, false)
+            .map(drop)
+    }
+    fn op(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        ctx: &DataCtx,
+        off: usize,
+        timed: bool,
+    ) -> Result<Option<f64>> {
+        DeviceMem::op(self, comm, spec.run, ctx, off, off, timed)
+    }
+    fn validate(
+        &mut self,
+        comm: &mut Communicator,
+        spec: &CollectiveSpec,
+        vctx: &DataCtx,
+        checked: std::ops::Range<usize>,
+        corrupt: bool,
+    ) -> Result<u64> {
+        DeviceMem::validate(self, comm, spec.init, spec.run, vctx, checked, corrupt)
+    }
+}
+
+/// One cell: data init, one untimed op, a barrier, the timed loop with buffer-offset
+/// rotation (so small sizes do not run from cache and pointer-reuse races would surface, as
+/// nccl-tests does), the time combined across ranks, then the `-c` validation runs.
 fn bench(
     comm: &mut Communicator,
     plan: &Plan,
     ctx: &DataCtx,
     st: &mut State,
 ) -> Result<(Cell, CellDetail)> {
-    if let Some(d) = st.dev.as_deref_mut() {
-        return bench_device(comm, plan, ctx, d, st.seed, st.summary);
-    }
-    let (bufs, seed, summary) = (&mut *st.bufs, &mut *st.seed, &mut *st.summary);
-    let spec = plan.spec;
-    let Counts {
-        send_bytes,
-        recv_bytes,
-        ..
-    } = ctx.counts;
-    let span = send_bytes.max(recv_bytes);
-    if plan.check > 0 {
-        (spec.init)(ctx, &mut bufs.fill(ctx.dtype, false));
-    }
-    // One untimed op (connections, page faults, caches), then line everyone up.
-    let send = &bufs.send.as_slice()[bufs.base..];
-    let recv = &mut bufs.recv.as_mut_slice()[bufs.base..];
-    (spec.run)(comm, send, recv, ctx)?;
-    barrier(comm)?;
-
-    // Rotate the buffer offset across iterations, as nccl-tests does, so that small sizes
-    // do not run from cache and pointer-reuse races would surface.
-    let shifts = send
-        .len()
-        .max(recv.len())
-        .checked_div(span)
-        .unwrap_or(1)
-        .max(1);
-    let total_ops = plan.iters as usize * plan.agg_iters as usize;
-    let mut clock = Clock::start(plan);
-    for k in 0..total_ops {
-        let off = span * (k % shifts);
-        let s = &send[off.min(send.len().saturating_sub(send_bytes))..];
-        let roff = off.min(recv.len().saturating_sub(span));
-        (spec.run)(comm, s, &mut recv[roff..], ctx)?;
-        clock.after_op(comm, k)?;
-    }
-    let secs = clock.per_op(total_ops);
-    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &clock.laps)?;
-
-    let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
-        bufs.recv()[..span].fill(0);
-        (spec.init)(vctx, &mut bufs.fill(ctx.dtype, true));
-        let send = &bufs.send.as_slice()[bufs.base..];
-        let recv = &mut bufs.recv.as_mut_slice()[bufs.base..];
-        (spec.run)(comm, send, recv, vctx)?;
-        if plan.corrupt_rank == Some(ctx.rank) && !checked.is_empty() {
-            recv[checked.start] ^= 0x01;
-        }
-        Ok(match &bufs.expected {
-            Some(e) => count_wrong(
-                ctx.dtype,
-                ctx.op,
-                &recv[checked.clone()],
-                &e.as_slice()[..checked.len()],
-            ),
-            None => 0,
-        })
-    })?;
-    Ok(cell(t, algbw, busbw, wrong, detail))
-}
-
-/// [`bench`] on device buffers: the same loop, each operation staged (`gpu.rs`), each
-/// iteration lapped with CUDA events, the data made on the host and checked on the device.
-fn bench_device(
-    comm: &mut Communicator,
-    plan: &Plan,
-    ctx: &DataCtx,
-    dev: &mut DeviceMem,
-    seed: &mut u64,
-    summary: &mut Summary,
-) -> Result<(Cell, CellDetail)> {
+    let mem: &mut dyn Memory = match st.dev.as_deref_mut() {
+        Some(d) => d,
+        None => &mut *st.bufs,
+    };
     let spec = plan.spec;
     let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
     if plan.check > 0 {
-        dev.validate(comm, spec.init, spec.run, ctx, 0..0, false)?;
+        mem.prime(comm, spec, ctx)?;
     }
-    dev.op(comm, spec.run, ctx, 0, 0, false)?;
+    // One untimed op (connections, page faults, caches), then line everyone up.
+    mem.op(comm, spec, ctx, 0, false)?;
     barrier(comm)?;
-    let shifts = dev.shifts(span);
+
+    let shifts = mem.shifts(span);
     let agg = plan.agg_iters as usize;
     let total_ops = plan.iters as usize * agg;
-    // The host clock gives the row's time (and -z's barriers); the laps are CUDA events.
+    // The host clock gives the row's time (and -z's barriers); the laps are the memory's
+    // own when it times operations itself.
     let mut clock = Clock::start(plan);
-    let mut laps = Vec::with_capacity(plan.iters as usize);
+    let mut own_laps: Option<Vec<f64>> = None;
     let mut lap = 0.0;
     for k in 0..total_ops {
         let off = span * (k % shifts);
-        lap += dev.op(comm, spec.run, ctx, off, off, true)?.unwrap_or(0.0);
+        if let Some(t) = mem.op(comm, spec, ctx, off, true)? {
+            lap += t;
+            own_laps.get_or_insert_with(|| Vec::with_capacity(plan.iters as usize));
+        }
         clock.after_op(comm, k)?;
-        if (k + 1) % agg == 0 {
+        if let Some(laps) = own_laps.as_mut().filter(|_| (k + 1) % agg == 0) {
             laps.push(lap / agg as f64);
             lap = 0.0;
         }
     }
     let secs = clock.per_op(total_ops);
-    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
+    let laps = own_laps.as_deref().unwrap_or(&clock.laps);
+    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, laps)?;
+
     let corrupt = plan.corrupt_rank == Some(ctx.rank);
-    let wrong = checks(comm, plan, ctx, seed, summary, |comm, vctx, checked| {
-        dev.validate(comm, spec.init, spec.run, vctx, checked, corrupt)
-    })?;
+    let wrong = checks(
+        comm,
+        plan,
+        ctx,
+        st.seed,
+        st.summary,
+        |comm, vctx, checked| mem.validate(comm, spec, vctx, checked, corrupt),
+    )?;
     Ok(cell(t, algbw, busbw, wrong, detail))
 }
 
