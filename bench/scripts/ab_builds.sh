@@ -9,10 +9,14 @@
 # Each pair runs both builds once per transport (shm, tcp): all_reduce_perf at 8 B, 1 KiB,
 # 128 KiB and 16 MiB, 20 timed iterations, no validation. Prints per transport and size the
 # median out-of-place time of each build and their ratio (after / before).
+# AB_COLL picks another collective's binary name (alltoall_perf, ...), AB_EXTRA adds flags
+# (AB_EXTRA="--algo tree").
 set -euo pipefail
 
 (($# >= 2)) || { echo "usage: $0 BEFORE_BINARY AFTER_BINARY [PAIRS] [NP]" >&2; exit 2; }
 BEFORE=$1 AFTER=$2 PAIRS=${3:-7} NP=${4:-2}
+COLL=${AB_COLL:-all_reduce_perf}
+read -r -a EXTRA <<<"${AB_EXTRA:-}"
 for b in "$BEFORE" "$AFTER"; do
     [[ -x $b ]] || { echo "ab_builds: $b is not an executable file" >&2; exit 2; }
 done
@@ -24,7 +28,7 @@ for ((pair = 1; pair <= PAIRS; pair++)); do
         bin=$BEFORE
         [[ $which == after ]] && bin=$AFTER
         for tr in shm tcp; do
-            "$bin" all_reduce_perf --np "$NP" --transport "$tr" -b 8 -e 32M -f 128 -n 20 -w 5 -c 0 2>/dev/null |
+            "$bin" "$COLL" --np "$NP" --transport "$tr" -b 8 -e 32M -f 128 -n 20 -w 5 -c 0 "${EXTRA[@]}" 2>/dev/null |
                 awk -v w="$which" -v t="$tr" '/^ +[0-9]+ +[0-9]+ +float/ {print w, t, $1, $6}' >>"$OUT"
         done
     done

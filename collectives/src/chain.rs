@@ -10,6 +10,7 @@ use crate::communicator::Communicator;
 use crate::data::{bytes_of, pipeline_segment, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
+use crate::engine::Regions;
 use crate::error::CommError;
 use crate::offload;
 use crate::ring::{run_ring, Chunks, RingPlan};
@@ -114,8 +115,8 @@ impl<T> RingPlan<T> for ChainPlan<T> {
             None => std::ptr::null_mut(),
         }
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        let mut v = vec![
+    fn regions(&self) -> Regions<T> {
+        let mut v = smallvec::smallvec![
             (self.send_src, self.count),
             (self.recv_dst as *const T, self.count),
         ];

@@ -98,6 +98,9 @@ pub struct Communicator {
     reduce_pool: Option<std::sync::Arc<rayon::ThreadPool>>,
     /// The device holding the truth of mirrored buffers, while one is attached.
     offload: Option<Box<dyn Offload>>,
+    /// The executor's bookkeeping, reused from call to call (boxed: a call takes it out and
+    /// puts it back, which should move a pointer, not the vectors).
+    pub(crate) engine: Option<Box<crate::engine::Scratch>>,
 }
 
 impl Communicator {
@@ -154,6 +157,7 @@ impl Communicator {
             premul: empty()?,
             reduce_pool,
             offload: None,
+            engine: None,
         })
     }
 

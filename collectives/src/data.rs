@@ -6,6 +6,7 @@ use crate::communicator::Communicator;
 use crate::dtype::DataType;
 use crate::error::CommError;
 use busbw_transports::{MemRegion, MemoryKind, Registration};
+use smallvec::SmallVec;
 
 /// The buffers of one collective call. In-place and out-of-place are distinct variants
 /// because Rust (rightly) will not let one slice be both the source and the destination.
@@ -100,7 +101,7 @@ pub(crate) fn bytes_of(count: usize, dtype: DataType) -> Result<usize, CommError
 
 /// Registers `(ptr, elems)` regions and finds the one holding a pointer.
 pub(crate) struct Regs {
-    regs: Vec<Registration>,
+    regs: SmallVec<[Registration; 4]>,
 }
 
 impl Regs {
@@ -125,7 +126,7 @@ impl Regs {
         comm: &Communicator,
         regions: impl ExactSizeIterator<Item = MemRegion>,
     ) -> Result<Regs, CommError> {
-        let mut regs = Vec::with_capacity(regions.len());
+        let mut regs = SmallVec::with_capacity(regions.len());
         for region in regions {
             match comm.transport().register(region) {
                 Ok(reg) => regs.push(reg),

@@ -219,7 +219,8 @@ pub(crate) fn prepare<T>(
     let esize = std::mem::size_of::<T>();
     let e = err(comm.rank(), what);
     let with = |comm: &Communicator, stage: *mut T, kind| {
-        let mut all = Vec::with_capacity(regions.len() + 1);
+        let mut all: smallvec::SmallVec<[(*const T, usize); 5]> =
+            smallvec::SmallVec::with_capacity(regions.len() + 1);
         all.extend_from_slice(regions);
         all.push((stage as *const T, stage_elems));
         Regs::with_kind(comm, &all, kind)
@@ -231,7 +232,8 @@ pub(crate) fn prepare<T>(
     if d.device_kind().is_some() {
         let attempt = (|| {
             let stage = d.device_staging(stage_elems * esize)?;
-            let mut dev_regions = Vec::with_capacity(regions.len() + 1);
+            let mut dev_regions: smallvec::SmallVec<[MemRegion; 5]> =
+                smallvec::SmallVec::with_capacity(regions.len() + 1);
             for &(p, elems) in regions {
                 let a = device_of(d.mirrors(), p as *const u8, elems * esize)?;
                 dev_regions.push(d.device_region(a, elems * esize)?);

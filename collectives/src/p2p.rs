@@ -8,7 +8,7 @@
 use crate::communicator::Communicator;
 use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
-use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
 use crate::offload;
 use crate::workspace::scratch;
@@ -48,8 +48,6 @@ impl Group<'_> {
 }
 
 impl Plan<u8> for Group<'_> {
-    type Key = ();
-
     fn name(&self) -> &'static str {
         self.name
     }
@@ -59,8 +57,8 @@ impl Plan<u8> for Group<'_> {
     fn slot_elems(&self) -> usize {
         0
     }
-    fn regions(&self) -> Vec<(*const u8, usize)> {
-        self.regions.to_vec()
+    fn regions(&self) -> Regions<u8> {
+        self.regions.iter().copied().collect()
     }
     fn next_send(&mut self, link: usize, _at: &Progress) -> Option<Out<u8>> {
         match self.xfers[self.next(link)?] {
@@ -72,17 +70,17 @@ impl Plan<u8> for Group<'_> {
             Xfer::Recv { .. } => None,
         }
     }
-    fn next_recv(&mut self, link: usize, _at: &Progress) -> Option<In<u8, ()>> {
+    fn next_recv(&mut self, link: usize, _at: &Progress) -> Option<In<u8>> {
         match self.xfers[self.next(link)?] {
             Xfer::Recv { ptr, len, .. } => Some(In {
                 into: Some(ptr),
                 len,
-                key: (),
+                key: (0, 0),
             }),
             Xfer::Send { .. } => None,
         }
     }
-    fn arrived(&mut self, _link: usize, _key: ()) -> Arrival<u8> {
+    fn arrived(&mut self, _link: usize, _key: Key) -> Arrival<u8> {
         Arrival::Landed
     }
 }

@@ -21,11 +21,12 @@ use crate::communicator::Communicator;
 use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
 use crate::offload;
 use crate::with_dtype;
 use crate::workspace::premultiplied;
+use smallvec::SmallVec;
 
 /// Channel of recursive doubling: the ring's. Calls never overlap, so sharing it is safe, and
 /// on two ranks the partner is the ring neighbour whose connections already exist.
@@ -79,10 +80,10 @@ struct RdPlan<T> {
     n: usize,
     dst: *mut T,
     count: usize,
-    links: Vec<Link>,
-    roles: Vec<Role>,
+    links: SmallVec<[Link; 4]>,
+    roles: SmallVec<[Role; 4]>,
     /// Per step, its connections.
-    steps: Vec<[Option<usize>; 2]>,
+    steps: SmallVec<[[Option<usize>; 2]; 4]>,
     /// The step whose combine is the last (it applies avg's division).
     last_combine: Option<usize>,
     avg: bool,
@@ -120,8 +121,6 @@ impl<T> RdPlan<T> {
 }
 
 impl<T> Plan<T> for RdPlan<T> {
-    type Key = ();
-
     fn name(&self) -> &'static str {
         "rd_all_reduce"
     }
@@ -131,8 +130,8 @@ impl<T> Plan<T> for RdPlan<T> {
     fn slot_elems(&self) -> usize {
         self.count
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        vec![(self.dst as *const T, self.count)]
+    fn regions(&self) -> Regions<T> {
+        smallvec::smallvec![(self.dst as *const T, self.count)]
     }
     fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>> {
         self.ready(link, at).then_some(Out {
@@ -141,7 +140,7 @@ impl<T> Plan<T> for RdPlan<T> {
             own: false,
         })
     }
-    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T, ()>> {
+    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T>> {
         let into = match self.roles[link].combine {
             Some(_) => None,
             None => Some(self.dst),
@@ -149,10 +148,10 @@ impl<T> Plan<T> for RdPlan<T> {
         self.ready(link, at).then_some(In {
             into,
             len: self.count,
-            key: (),
+            key: (0, 0),
         })
     }
-    fn arrived(&mut self, link: usize, _key: ()) -> Arrival<T> {
+    fn arrived(&mut self, link: usize, _key: Key) -> Arrival<T> {
         let role = self.roles[link];
         let Some(theirs_first) = role.combine else {
             return Arrival::Landed;
@@ -199,9 +198,9 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
         n,
         dst,
         count,
-        links: Vec::with_capacity(2),
-        roles: Vec::with_capacity(2),
-        steps: Vec::with_capacity(1),
+        links: SmallVec::new(),
+        roles: SmallVec::new(),
+        steps: SmallVec::new(),
         last_combine: None,
         avg: op == ReduceOp::Avg,
     };

@@ -25,7 +25,7 @@ pub use crate::data::Data;
 use crate::data::{bytes_of, pipeline_segment};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
 use crate::offload;
 use crate::with_dtype;
@@ -147,7 +147,7 @@ pub(crate) trait RingPlan<T> {
     fn reduce_in(&self, t: usize, off: usize) -> *const T;
     fn reduce_out(&self, t: usize, off: usize) -> *mut T;
     /// Memory the transport must have registered: `(pointer, elements)`.
-    fn regions(&self) -> Vec<(*const T, usize)>;
+    fn regions(&self) -> Regions<T>;
     /// Who we receive from and send to; `None` at the ends of a chain.
     fn left(&self) -> Option<usize>;
     fn right(&self) -> Option<usize>;
@@ -209,7 +209,7 @@ struct RingRun<'p, T, P> {
     n: usize,
     op: ReduceOp,
     name: &'static str,
-    links: Vec<Link>,
+    links: smallvec::SmallVec<[Link; 2]>,
     send_cur: Cursor,
     recv_cur: Cursor,
     initial: usize,
@@ -219,9 +219,6 @@ struct RingRun<'p, T, P> {
 }
 
 impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
-    /// (step, segment).
-    type Key = (usize, usize);
-
     fn name(&self) -> &'static str {
         self.name
     }
@@ -231,7 +228,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
     fn slot_elems(&self) -> usize {
         self.ch.seg
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
+    fn regions(&self) -> Regions<T> {
         self.plan.regions()
     }
     fn next_send(&mut self, _link: usize, _at: &Progress) -> Option<Out<T>> {
@@ -250,7 +247,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
             own,
         })
     }
-    fn next_recv(&mut self, _link: usize, _at: &Progress) -> Option<In<T, (usize, usize)>> {
+    fn next_recv(&mut self, _link: usize, _at: &Progress) -> Option<In<T>> {
         let (p, ch, steps) = (self.plan, &self.ch, self.plan.steps());
         let (t, k) = (self.recv_cur.t, self.recv_cur.k);
         let (off, len) = ch.segment(p.recv_chunk(t), k);
@@ -258,10 +255,11 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
         Some(In {
             into: (!p.reduces(t)).then(|| p.recv_into(t, off)),
             len,
+            // (step, segment)
             key: (t, k),
         })
     }
-    fn arrived(&mut self, _link: usize, (t, k): (usize, usize)) -> Arrival<T> {
+    fn arrived(&mut self, _link: usize, (t, k): Key) -> Arrival<T> {
         let p = self.plan;
         if !p.reduces(t) {
             return Arrival::Landed;
@@ -275,7 +273,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
             theirs_first: false,
         }
     }
-    fn processed(&mut self, _link: usize, (t, _): (usize, usize)) {
+    fn processed(&mut self, _link: usize, (t, _): Key) {
         if self.plan.releases_send(t) {
             self.released += 1;
         }
@@ -299,7 +297,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     let total = |chunk_of: &dyn Fn(usize) -> usize| -> usize {
         (0..steps).map(|t| ch.segments(chunk_of(t))).sum()
     };
-    let mut links = Vec::with_capacity(2);
+    let mut links = smallvec::SmallVec::new();
     if let Some(peer) = plan.right() {
         links.push(Link {
             peer,
@@ -396,8 +394,8 @@ impl<T> RingPlan<T> for AllReducePlan<T> {
     fn reduce_out(&self, _t: usize, off: usize) -> *mut T {
         unsafe { self.dst.add(off) }
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        vec![(self.src, self.count), (self.dst as *const T, self.count)]
+    fn regions(&self) -> Regions<T> {
+        smallvec::smallvec![(self.src, self.count), (self.dst as *const T, self.count)]
     }
 }
 
@@ -483,8 +481,8 @@ impl<T> RingPlan<T> for ReduceScatterPlan<T> {
             }
         }
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        vec![
+    fn regions(&self) -> Regions<T> {
+        smallvec::smallvec![
             (self.src, self.n * self.rc),
             (self.dst as *const T, self.rc),
             (self.acc as *const T, self.n * self.rc),
@@ -570,8 +568,8 @@ impl<T> RingPlan<T> for AllGatherPlan<T> {
     fn reduce_out(&self, _t: usize, off: usize) -> *mut T {
         unsafe { self.dst.add(off) }
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        vec![(self.dst as *const T, self.n * self.sc)]
+    fn regions(&self) -> Regions<T> {
+        smallvec::smallvec![(self.dst as *const T, self.n * self.sc)]
     }
 }
 

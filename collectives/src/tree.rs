@@ -37,7 +37,7 @@ use crate::communicator::Communicator;
 use crate::data::{bytes_of, segment_elems, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Link, Out, Plan, Progress};
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
 use crate::offload;
 use crate::with_dtype;
@@ -344,9 +344,6 @@ impl<T> TreePlan<T> {
 }
 
 impl<T> Plan<T> for TreePlan<T> {
-    /// Chunk index.
-    type Key = usize;
-
     fn name(&self) -> &'static str {
         "tree_all_reduce"
     }
@@ -356,8 +353,8 @@ impl<T> Plan<T> for TreePlan<T> {
     fn slot_elems(&self) -> usize {
         self.slot_elems
     }
-    fn regions(&self) -> Vec<(*const T, usize)> {
-        vec![(self.src, self.count), (self.dst as *const T, self.count)]
+    fn regions(&self) -> Regions<T> {
+        smallvec::smallvec![(self.src, self.count), (self.dst as *const T, self.count)]
     }
     fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>> {
         let (t, role, k) = self.roles[link];
@@ -388,7 +385,7 @@ impl<T> Plan<T> for TreePlan<T> {
             own: leaf_up,
         })
     }
-    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T, usize>> {
+    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T>> {
         let (t, role, k) = self.roles[link];
         let s = &self.sides[t];
         let (off, len) = s.geo.chunk(k);
@@ -402,9 +399,14 @@ impl<T> Plan<T> for TreePlan<T> {
             Role::Up | Role::ToChild => return None,
         };
         self.roles[link].2 += 1;
-        Some(In { into, len, key: k })
+        // (chunk, unused)
+        Some(In {
+            into,
+            len,
+            key: (k, 0),
+        })
     }
-    fn arrived(&mut self, link: usize, k: usize) -> Arrival<T> {
+    fn arrived(&mut self, link: usize, (k, _): Key) -> Arrival<T> {
         let (t, role, _) = self.roles[link];
         if let Role::Down = role {
             return Arrival::Landed;

@@ -1,16 +1,17 @@
 //! The executor: one progress loop for every plan.
 
-use super::links::Conns;
+use super::links::{Conns, Taken};
 use super::space::{Failed, Space};
-use super::{Arrival, Dir, Link, Plan, Progress};
+use super::{Arrival, Dir, Key, Link, Plan, Progress};
 use crate::communicator::{Communicator, Waiter};
 use crate::data::Regs;
 use crate::dtype::ReduceOp;
-use crate::element::Element;
+use crate::element::{Element, PAR_MIN_BYTES};
 use crate::error::CommError;
 use crate::offload::{self, Offload, Ticket};
 use crate::workspace::staging;
 use busbw_transports::{RequestId, Sleep};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 
 /// Run `plan` to completion over the communicator's connections, in the memory space of the
@@ -28,7 +29,7 @@ pub(crate) unsafe fn run<T: Element, P: Plan<T>>(
     let esize = std::mem::size_of::<T>();
     // Host memory (the common case, and latency-bound at small sizes) allocates nothing here.
     let mut dev = if comm.has_offload() {
-        let ranges: Vec<(*const u8, usize)> = plan
+        let ranges: SmallVec<[(*const u8, usize); 4]> = plan
             .regions()
             .iter()
             .map(|&(p, e)| (p as *const u8, e * esize))
@@ -41,18 +42,73 @@ pub(crate) unsafe fn run<T: Element, P: Plan<T>>(
     offload::finish(comm, dev, result, plan.name())
 }
 
+/// The executor's bookkeeping, kept by the communicator between calls: once warm a call
+/// allocates nothing and copies no inline arrays (at 8 bytes either costs as much as the
+/// transfers). Empty between calls: no pointer outlives the call that made it.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    links: Vec<Link>,
+    /// Staging pools by id: first slot and slots.
+    pools: Vec<(usize, usize)>,
+    /// Per link; the vector only grows, so each state's queues keep their capacity.
+    states: Vec<State>,
+    done: Vec<usize>,
+    taken: Taken,
+    on: Vec<Sleep>,
+}
+
+// SAFETY: between calls every vector is empty and every state's queues are cleared, so the raw
+// pointers the states hold during a call never travel with the communicator.
+unsafe impl Send for Scratch {}
+
+impl Scratch {
+    /// Drops everything a call left, keeping the capacity.
+    fn clear(&mut self) {
+        let used = self.links.len().min(self.states.len());
+        for s in &mut self.states[..used] {
+            s.reset((0, 0));
+        }
+        self.links.clear();
+        self.pools.clear();
+        self.done.clear();
+        self.taken.clear();
+        self.on.clear();
+    }
+}
+
 /// [`run`] with the device, if any, already taken from the communicator.
 unsafe fn run_in<T: Element, P: Plan<T>>(
     comm: &mut Communicator,
     plan: &mut P,
     op: ReduceOp,
     tag: u32,
-    mut dev: Option<&mut (dyn Offload + 'static)>,
+    dev: Option<&mut (dyn Offload + 'static)>,
 ) -> Result<(), CommError> {
-    let links: Vec<Link> = plan.links().to_vec();
+    let mut scratch = comm.engine.take().unwrap_or_default();
+    let result = run_with(comm, plan, op, tag, dev, &mut scratch);
+    scratch.clear();
+    comm.engine = Some(scratch);
+    result
+}
+
+unsafe fn run_with<T: Element, P: Plan<T>>(
+    comm: &mut Communicator,
+    plan: &mut P,
+    op: ReduceOp,
+    tag: u32,
+    mut dev: Option<&mut (dyn Offload + 'static)>,
+    scratch: &mut Scratch,
+) -> Result<(), CommError> {
+    let Scratch {
+        links,
+        pools,
+        states,
+        done,
+        taken,
+        on,
+    } = scratch;
+    links.extend_from_slice(plan.links());
     let window = comm.config().window;
-    // Each pool's first slot and size, by pool id.
-    let mut pools: Vec<(usize, usize)> = Vec::new();
     for l in links.iter().filter(|l| l.dir == Dir::Recv) {
         if let Some(id) = l.staged {
             let id = usize::from(id);
@@ -79,17 +135,29 @@ unsafe fn run_in<T: Element, P: Plan<T>>(
         plan.name(),
     )?;
     let mut space = match dev {
-        None => Space::Host(comm.reduce_pool()),
+        // The pool splits only big reductions; smaller calls skip its reference count.
+        None if slot * std::mem::size_of::<T>() >= PAR_MIN_BYTES => Space::Host(comm.reduce_pool()),
+        None => Space::Host(None),
         Some(d) if direct => {
             let mirrors = d.mirrors().to_vec();
             Space::Direct(d, mirrors)
         }
         Some(d) => Space::Staged(d),
     };
-    let result = Conns::take(comm, &links).and_then(|mut conns| {
+    while states.len() < links.len() {
+        states.push(State::default());
+    }
+    for (st, l) in states.iter_mut().zip(links.iter()) {
+        st.reset(match l.staged {
+            Some(id) if l.dir == Dir::Recv => pools[usize::from(id)],
+            _ => (0, 0),
+        });
+    }
+    done.clear();
+    done.resize(links.len(), 0);
+    let result = Conns::take(comm, links, taken).and_then(|mut conns| {
         let ex = Exec {
-            links: &links,
-            pools: &pools,
+            links,
             window,
             stage: stage as *mut u8,
             slot,
@@ -97,44 +165,58 @@ unsafe fn run_in<T: Element, P: Plan<T>>(
             tag,
             op,
         };
-        ex.drive(&mut conns, plan, &mut space)
+        let states = &mut states[..links.len()];
+        ex.drive::<T, P>(&mut conns, plan, &mut space, states, done, on)
     });
     regs.release(comm);
     result
 }
 
 /// A send the plan released, waiting for its turn (and, on a staged device, for its fetch).
-struct Queued<T> {
-    from: *const T,
+#[derive(Clone, Copy)]
+struct Queued {
+    from: *const u8,
+    /// Elements.
     len: usize,
     fetch: Option<Ticket>,
 }
 
 /// A posted receive; `reducing` once its reduction runs on a device.
-struct Posted<T, K> {
+#[derive(Clone, Copy)]
+struct Posted {
     id: RequestId,
-    key: K,
-    at: *mut T,
+    key: Key,
+    at: *mut u8,
+    /// Elements.
     len: usize,
     reducing: Option<Ticket>,
 }
 
 /// One connection's requests.
-struct State<T, K> {
+#[derive(Default)]
+struct State {
     /// Messages the plan has handed out so far.
     handed: usize,
-    queue: VecDeque<Queued<T>>,
+    queue: VecDeque<Queued>,
     sends: VecDeque<RequestId>,
-    recvs: VecDeque<Posted<T, K>>,
+    recvs: VecDeque<Posted>,
     /// A staged receive connection's pool: first slot and slots.
     pool: (usize, usize),
+}
+
+impl State {
+    fn reset(&mut self, pool: (usize, usize)) {
+        self.handed = 0;
+        self.queue.clear();
+        self.sends.clear();
+        self.recvs.clear();
+        self.pool = pool;
+    }
 }
 
 /// What one call's loop needs besides the plan and the connections.
 struct Exec<'a> {
     links: &'a [Link],
-    /// Staging pools: first slot and slots.
-    pools: &'a [(usize, usize)],
     window: usize,
     stage: *mut u8,
     slot: usize,
@@ -162,46 +244,35 @@ impl Exec<'_> {
 
     /// # Safety
     /// As [`run`].
+    #[allow(clippy::too_many_arguments)]
     unsafe fn drive<T: Element, P: Plan<T>>(
         &self,
         conns: &mut Conns,
         plan: &mut P,
         space: &mut Space,
+        states: &mut [State],
+        done: &mut [usize],
+        on: &mut Vec<Sleep>,
     ) -> Result<(), CommError> {
         let (r, name, w) = (conns.comm.rank(), plan.name(), self.window);
         let esize = std::mem::size_of::<T>();
         let f = Failed { rank: r, name };
         let stage = self.stage as *mut T;
-        let mut at = Progress {
-            done: vec![0; self.links.len()],
-        };
-        let mut states: Vec<State<T, P::Key>> = self
-            .links
-            .iter()
-            .map(|l| State {
-                handed: 0,
-                queue: VecDeque::new(),
-                sends: VecDeque::new(),
-                recvs: VecDeque::new(),
-                pool: match l.staged {
-                    Some(id) => self.pools[usize::from(id)],
-                    None => (0, 0),
-                },
-            })
-            .collect();
         let mut remaining: usize = self.links.iter().map(|l| l.messages).sum();
         let mut waiter = Waiter::new(conns.comm);
-        let mut on: Vec<Sleep> = Vec::new();
 
         while remaining > 0 {
             let mut progressed = false;
             for (l, link) in self.links.iter().enumerate() {
+                if done[l] == link.messages {
+                    continue;
+                }
                 let st = &mut states[l];
                 match link.dir {
                     Dir::Send => {
                         let err = self.transport_err(r, name, l, "sending to");
                         while st.handed < link.messages {
-                            let Some(o) = plan.next_send(l, &at) else {
+                            let Some(o) = plan.next_send(l, &Progress { done }) else {
                                 break;
                             };
                             let fetch = if o.own {
@@ -210,7 +281,7 @@ impl Exec<'_> {
                                 None
                             };
                             st.queue.push_back(Queued {
-                                from: o.from,
+                                from: o.from as *const u8,
                                 len: o.len,
                                 fetch,
                             });
@@ -227,7 +298,7 @@ impl Exec<'_> {
                                 }
                                 q.fetch = None;
                             }
-                            let p = space.at(q.from, q.len, &f)? as *const u8;
+                            let p = space.at(q.from as *const T, q.len, &f)? as *const u8;
                             let bytes = q.len * esize;
                             // SAFETY: the plan keeps the memory as it is until the send
                             // completes; the region holding it is registered.
@@ -244,7 +315,7 @@ impl Exec<'_> {
                                 break;
                             }
                             st.sends.pop_front();
-                            at.done[l] += 1;
+                            done[l] += 1;
                             remaining -= 1;
                             progressed = true;
                         }
@@ -252,7 +323,7 @@ impl Exec<'_> {
                     Dir::Recv => {
                         let err = self.transport_err(r, name, l, "receiving from");
                         while st.handed < link.messages && st.recvs.len() < w {
-                            let Some(i) = plan.next_recv(l, &at) else {
+                            let Some(i) = plan.next_recv(l, &Progress { done }) else {
                                 break;
                             };
                             let p = match i.into {
@@ -284,7 +355,7 @@ impl Exec<'_> {
                             st.recvs.push_back(Posted {
                                 id,
                                 key: i.key,
-                                at: p,
+                                at: p as *mut u8,
                                 len: i.len,
                                 reducing: None,
                             });
@@ -310,7 +381,7 @@ impl Exec<'_> {
                                     ));
                                 }
                                 match plan.arrived(l, p.key) {
-                                    Arrival::Landed => space.landed(p.at, p.len, &f)?,
+                                    Arrival::Landed => space.landed(p.at as *const T, p.len, &f)?,
                                     Arrival::Reduce {
                                         out,
                                         mine,
@@ -318,7 +389,7 @@ impl Exec<'_> {
                                         travels_on,
                                         theirs_first,
                                     } => {
-                                        let ends = (out, mine, p.at);
+                                        let ends = (out, mine, p.at as *mut T);
                                         let how = (avg_over, travels_on, theirs_first);
                                         if let Some(t) =
                                             space.reduce(ends, p.len, self.op, how, &f)?
@@ -333,7 +404,7 @@ impl Exec<'_> {
                             }
                             plan.processed(l, p.key);
                             st.recvs.pop_front();
-                            at.done[l] += 1;
+                            done[l] += 1;
                             remaining -= 1;
                             progressed = true;
                         }
@@ -345,29 +416,35 @@ impl Exec<'_> {
                 continue;
             }
 
-            let device_busy = states.iter().any(|s| {
-                s.queue.front().is_some_and(|q| q.fetch.is_some())
-                    || s.recvs.front().is_some_and(|p| p.reducing.is_some())
-            });
-            let sleep = waiter.idle(conns.comm, || self.waiting_for(r, name, &at, device_busy))?;
+            // (Looked at only when the wait is long enough to matter: the spinning passes
+            // are what an 8-byte call's latency is made of.)
+            let device_busy = |states: &[State]| {
+                states.iter().any(|s| {
+                    s.queue.front().is_some_and(|q| q.fetch.is_some())
+                        || s.recvs.front().is_some_and(|p| p.reducing.is_some())
+                })
+            };
+            let sleep = waiter.idle(conns.comm, || {
+                self.waiting_for(r, name, done, device_busy(states))
+            })?;
             if !sleep {
                 continue;
             }
-            if device_busy {
+            if device_busy(states) {
                 // The device signals nothing a poll(2) could wait on.
                 std::thread::yield_now();
                 continue;
             }
             // Only connections with requests in flight: one with nothing posted cannot make
             // progress whatever its socket says.
-            let busy = |s: &State<T, P::Key>| !s.sends.is_empty() || !s.recvs.is_empty();
+            let busy = |s: &State| !s.sends.is_empty() || !s.recvs.is_empty();
             on.clear();
             for (l, s) in states.iter().enumerate() {
                 if busy(s) {
                     on.push(conns.sleep_on(l));
                 }
             }
-            waiter.sleep(&on);
+            waiter.sleep(on);
             for (l, s) in states.iter().enumerate() {
                 if busy(s) {
                     conns.woke(l);
@@ -383,7 +460,7 @@ impl Exec<'_> {
         &self,
         r: usize,
         name: &str,
-        at: &Progress,
+        done: &[usize],
         device_busy: bool,
     ) -> (usize, String) {
         let tag = self.tag;
@@ -394,17 +471,17 @@ impl Exec<'_> {
             self.links
                 .iter()
                 .enumerate()
-                .find(|(i, l)| l.dir == dir && at.done[*i] < l.messages)
+                .find(|(i, l)| l.dir == dir && done[*i] < l.messages)
         };
         if let Some((i, l)) = behind(Dir::Recv) {
-            let (peer, label, done, all) = (l.peer, l.label, at.done[i], l.messages);
+            let (peer, label, done, all) = (l.peer, l.label, done[i], l.messages);
             return (
                 peer,
                 format!("waiting for data from rank {peer} ({name} call {tag}{label}, {done}/{all} segments received)"),
             );
         }
         if let Some((i, l)) = behind(Dir::Send) {
-            let (peer, label, done, all) = (l.peer, l.label, at.done[i], l.messages);
+            let (peer, label, done, all) = (l.peer, l.label, done[i], l.messages);
             return (
                 peer,
                 format!("waiting for rank {peer} to take data ({name} call {tag}{label}, {done}/{all} segments sent)"),

@@ -6,25 +6,31 @@ use crate::communicator::Communicator;
 use crate::error::CommError;
 use busbw_transports::{RecvComm, SendComm, Sleep};
 
-enum Conn {
+pub(crate) enum Conn {
     Send(Box<dyn SendComm>),
     Recv(Box<dyn RecvComm>),
 }
 
+/// A taken connection: peer, channel, the connection. Indexed like the plan's links.
+pub(crate) type Taken = Vec<Option<(usize, u32, Conn)>>;
+
 /// A communicator with some of its connections taken out for a call.
-pub(crate) struct Conns<'c> {
+pub(crate) struct Conns<'c, 't> {
     pub comm: &'c mut Communicator,
-    /// Indexed like the plan's links; `None` until taken.
-    taken: Vec<Option<(usize, u32, Conn)>>,
+    /// `None` until taken; empty again once handed back (the executor reuses the vector).
+    taken: &'t mut Taken,
 }
 
-impl<'c> Conns<'c> {
+impl<'c, 't> Conns<'c, 't> {
     /// Take every link's connection, all sends before any receive (see [`Link`]).
-    pub fn take(comm: &'c mut Communicator, links: &[Link]) -> Result<Self, CommError> {
-        let mut c = Conns {
-            comm,
-            taken: (0..links.len()).map(|_| None).collect(),
-        };
+    pub fn take(
+        comm: &'c mut Communicator,
+        links: &[Link],
+        taken: &'t mut Taken,
+    ) -> Result<Self, CommError> {
+        taken.clear();
+        taken.resize_with(links.len(), || None);
+        let c = Conns { comm, taken };
         for dir in [Dir::Send, Dir::Recv] {
             for (i, l) in links.iter().enumerate().filter(|(_, l)| l.dir == dir) {
                 let conn = match dir {
@@ -70,7 +76,7 @@ impl<'c> Conns<'c> {
     }
 }
 
-impl Drop for Conns<'_> {
+impl Drop for Conns<'_, '_> {
     fn drop(&mut self) {
         for (peer, channel, conn) in self.taken.drain(..).flatten() {
             match conn {

@@ -19,7 +19,9 @@ mod exec;
 mod links;
 mod space;
 
-pub(crate) use exec::run;
+use smallvec::SmallVec;
+
+pub(crate) use exec::{run, Scratch};
 
 /// Which way a connection carries data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,10 @@ pub(crate) struct Link {
     pub label: &'static str,
 }
 
+/// What a posted receive carries back to the plan: two indices of its choosing (a ring's
+/// step and segment, a tree's chunk).
+pub(crate) type Key = (usize, usize);
+
 /// A message to send: `len` elements at `from`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Out<T> {
@@ -60,11 +66,11 @@ pub(crate) struct Out<T> {
 
 /// Where a receive lands: `len` elements at `into`, or in a staging slot when `None`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct In<T, K> {
+pub(crate) struct In<T> {
     pub into: Option<*mut T>,
     pub len: usize,
     /// Handed back with [`Plan::arrived`] and [`Plan::processed`].
-    pub key: K,
+    pub key: Key,
 }
 
 /// What becomes of a completed receive.
@@ -89,39 +95,39 @@ pub(crate) enum Arrival<T> {
 
 /// How far each connection has got: messages completed (sends) or received and processed
 /// (receives), indexed like [`Plan::links`].
-pub(crate) struct Progress {
-    done: Vec<usize>,
+pub(crate) struct Progress<'a> {
+    done: &'a [usize],
 }
 
-impl Progress {
+impl Progress<'_> {
     pub fn done(&self, link: usize) -> usize {
         self.done[link]
     }
 }
 
+/// Memory a transport must have registered: `(pointer, elements)`.
+pub(crate) type Regions<T> = SmallVec<[(*const T, usize); 4]>;
+
 /// An algorithm as data and a few callbacks; see the module documentation.
 pub(crate) trait Plan<T> {
-    /// What a posted receive carries back to the plan (its step and segment, say).
-    type Key: Copy;
     /// The collective's name, for messages.
     fn name(&self) -> &'static str;
     fn links(&self) -> &[Link];
     /// Elements per staging slot (0 when nothing is staged).
     fn slot_elems(&self) -> usize;
-    /// Memory a transport must have registered: `(pointer, elements)`.
-    fn regions(&self) -> Vec<(*const T, usize)>;
+    fn regions(&self) -> Regions<T>;
     /// The next message on send connection `link`, or `None` while it must wait. Called in
     /// message order; a `Some` is the plan's promise that the memory stays as it is until the
     /// send completes.
     fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>>;
     /// The next receive on connection `link`, or `None` while its target is still being
     /// read. Called in message order.
-    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T, Self::Key>>;
+    fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T>>;
     /// Receive `key` on `link` completed with the expected length.
-    fn arrived(&mut self, link: usize, key: Self::Key) -> Arrival<T>;
+    fn arrived(&mut self, link: usize, key: Key) -> Arrival<T>;
     /// Receive `key` on `link` is processed (reduced, on the device too): sends it enabled
     /// may go. Default: nothing to release.
-    fn processed(&mut self, link: usize, key: Self::Key) {
+    fn processed(&mut self, link: usize, key: Key) {
         let _ = (link, key);
     }
 }
