@@ -75,7 +75,8 @@ struct Role {
 
 /// Recursive doubling as a plan: each step's send and receive may start once the step
 /// before is complete (its data combined, its send off the buffer the next receive may
-/// overwrite), and every step's result goes to the next in full.
+/// overwrite); a step's combine waits for its send, which reads the buffer the combine
+/// writes.
 struct RdPlan<T> {
     n: usize,
     dst: *mut T,
@@ -150,6 +151,12 @@ impl<T> Plan<T> for RdPlan<T> {
             len: self.count,
             key: (0, 0),
         })
+    }
+    /// The combine writes the result buffer the same step's send reads: not before that
+    /// send is complete.
+    fn may_process(&self, link: usize, _key: Key, at: &Progress) -> bool {
+        let step = self.roles[link].step;
+        self.steps[step][0].map_or(true, |send| at.done(send) > 0)
     }
     fn arrived(&mut self, link: usize, _key: Key) -> Arrival<T> {
         let role = self.roles[link];

@@ -11,6 +11,9 @@ use busbw_transports::{Identity, Transport};
 #[derive(Clone, Copy, Debug)]
 pub enum ThreadTransport {
     Inproc,
+    /// In-process, each send reading its memory only when it completes, as RDMA may: an
+    /// algorithm that writes what an in-flight send still reads gets wrong data.
+    InprocLateReads,
     /// In-process, also moving (simulated) device memory itself, as GPUDirect RDMA does.
     InprocDevice,
     Tcp,
@@ -30,6 +33,7 @@ pub fn thread_world(
         let id = Identity::new(job, rank as u32);
         let t: Box<dyn Transport> = match kind {
             ThreadTransport::Inproc => Box::new(InprocTransport::new(id)),
+            ThreadTransport::InprocLateReads => Box::new(InprocTransport::with_late_reads(id)),
             ThreadTransport::InprocDevice => Box::new(InprocTransport::with_device_memory(id)),
             ThreadTransport::Tcp => Box::new(TcpTransport::new(id, TcpConfig::default())),
             ThreadTransport::Shm => Box::new(ShmTransport::new(id, ShmConfig::default())),

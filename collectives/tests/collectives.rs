@@ -397,6 +397,23 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
 
+    /// Sends that read their memory only when they complete, as an RDMA NIC may: no
+    /// algorithm writes memory an in-flight send still reads (recursive doubling once
+    /// combined into its result buffer while that buffer's send was still in flight, which
+    /// only the SoftRoCE guests showed).
+    #[test]
+    fn every_collective_with_sends_read_late(
+        (case, seg, window) in case_strategy(&device_kinds()),
+    ) {
+        let res = run_case_on(case, seg, window, ThreadTransport::InprocLateReads, None);
+        let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
+        prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window}: wrong per rank {wrong:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
     /// Device buffers behind host twins: the engines' downloads, device reductions and
     /// uploads (or the staging around the other algorithms) must give the host result, with
     /// device operations completing late and in their own time.

@@ -2,7 +2,9 @@
 //!
 //! It exists so that algorithm tests can run dozens of rank counts and buffer sizes in
 //! milliseconds without sockets, and so that a failure in such a test points at the
-//! algorithm, not at TCP. Messages are copied through channels; a send completes at once.
+//! algorithm, not at TCP. Messages are copied through channels; a send completes at once,
+//! or, with [`InprocTransport::with_late_reads`], reads its buffer only when it completes, a
+//! test later, as an RDMA NIC may read a send's memory at any time until its completion.
 
 use crate::slots::Slots;
 use crate::{
@@ -38,6 +40,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct InprocTransport {
     identity: Identity,
     device_memory: bool,
+    late_reads: bool,
 }
 
 impl InprocTransport {
@@ -45,6 +48,18 @@ impl InprocTransport {
         InprocTransport {
             identity,
             device_memory: false,
+            late_reads: false,
+        }
+    }
+
+    /// Sends read their memory when they complete (on the second test of the oldest one),
+    /// not when posted: an algorithm that writes memory an in-flight send still reads, which
+    /// RDMA punishes and TCP does under a full socket, gets wrong data here too, at once.
+    pub fn with_late_reads(identity: Identity) -> Self {
+        InprocTransport {
+            identity,
+            device_memory: false,
+            late_reads: true,
         }
     }
 
@@ -55,6 +70,7 @@ impl InprocTransport {
         InprocTransport {
             identity,
             device_memory: true,
+            late_reads: false,
         }
     }
 }
@@ -148,6 +164,7 @@ impl Transport for InprocTransport {
             tx: mtx,
             peer,
             slots: Slots::new(1024, peer),
+            late: self.late_reads.then(Late::default),
         }))
     }
 }
@@ -200,6 +217,30 @@ struct InprocSend {
     tx: Sender<Message>,
     peer: u32,
     slots: Slots<()>,
+    late: Option<Late>,
+}
+
+/// Sends posted but not yet read (late-read mode): address, length, tag, in posting order,
+/// and whether the oldest has been tested once.
+#[derive(Default)]
+struct Late {
+    pending: std::collections::VecDeque<(usize, usize, u32)>,
+    tested: bool,
+}
+
+impl InprocSend {
+    fn deliver(&self, ptr: *const u8, len: usize, tag: u32) -> Result<()> {
+        let data = if len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: isend's contract: ptr..ptr+len is valid for reads until the send
+            // completes, which is now.
+            unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
+        };
+        self.tx
+            .send(Message { tag, data })
+            .map_err(|_| TransportError::PeerClosed { peer: self.peer })
+    }
 }
 
 impl SendComm for InprocSend {
@@ -211,21 +252,40 @@ impl SendComm for InprocSend {
         tag: u32,
     ) -> Result<RequestId> {
         registration.check(ptr, len)?;
-        let data = if len == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: isend's contract: ptr..ptr+len is valid for reads.
-            unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
-        };
-        self.tx
-            .send(Message { tag, data })
-            .map_err(|_| TransportError::PeerClosed { peer: self.peer })?;
+        if let Some(late) = self.late.as_mut() {
+            let id = self.slots.post(())?;
+            late.pending.push_back((ptr as usize, len, tag));
+            return Ok(id);
+        }
+        self.deliver(ptr, len, tag)?;
         let id = self.slots.post(())?;
         self.slots.complete_front(len);
         Ok(id)
     }
 
     fn test(&mut self, request: RequestId) -> Result<Option<usize>> {
+        if let Some(mut late) = self.late.take() {
+            // The oldest send is read on its second test: the first one only finds it posted.
+            let read = match late.pending.front() {
+                Some(&(ptr, len, tag)) if late.tested => Some((ptr, len, tag)),
+                Some(_) => {
+                    late.tested = true;
+                    None
+                }
+                None => None,
+            };
+            let delivered =
+                read.map(|(ptr, len, tag)| (self.deliver(ptr as *const u8, len, tag), len));
+            if let Some((sent, len)) = delivered {
+                late.pending.pop_front();
+                late.tested = false;
+                self.late = Some(late);
+                sent?;
+                self.slots.complete_front(len);
+            } else {
+                self.late = Some(late);
+            }
+        }
         self.slots.take(request)
     }
 

@@ -368,6 +368,9 @@ impl Exec<'_> {
                                     break;
                                 }
                             } else {
+                                if !plan.may_process(l, p.key, &Progress { done }) {
+                                    break;
+                                }
                                 let Some(got) = conns.recv(l).test(p.id).map_err(&err)? else {
                                     break;
                                 };

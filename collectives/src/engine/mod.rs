@@ -123,6 +123,14 @@ pub(crate) trait Plan<T> {
     /// The next receive on connection `link`, or `None` while its target is still being
     /// read. Called in message order.
     fn next_recv(&mut self, link: usize, at: &Progress) -> Option<In<T>>;
+    /// Whether receive `key` on `link`, once complete, may be processed yet: a reduction into
+    /// memory that an in-flight send still reads (a transport may read it until the send
+    /// completes: RDMA does, TCP does while its socket is full) must wait for that send. The
+    /// receive is not even tested until then. Default: at once.
+    fn may_process(&self, link: usize, key: Key, at: &Progress) -> bool {
+        let _ = (link, key, at);
+        true
+    }
     /// Receive `key` on `link` completed with the expected length.
     fn arrived(&mut self, link: usize, key: Key) -> Arrival<T>;
     /// Receive `key` on `link` is processed (reduced, on the device too): sends it enabled
