@@ -189,6 +189,8 @@ struct Posted {
     at: *mut u8,
     /// Elements.
     len: usize,
+    /// Complete and checked, waiting for [`Plan::may_process`].
+    landed: bool,
     reducing: Option<Ticket>,
 }
 
@@ -357,6 +359,7 @@ impl Exec<'_> {
                                 key: i.key,
                                 at: p as *mut u8,
                                 len: i.len,
+                                landed: false,
                                 reducing: None,
                             });
                             st.handed += 1;
@@ -368,20 +371,26 @@ impl Exec<'_> {
                                     break;
                                 }
                             } else {
+                                if !p.landed {
+                                    let Some(got) = conns.recv(l).test(p.id).map_err(&err)? else {
+                                        break;
+                                    };
+                                    if got != p.len * esize {
+                                        return Err(CommError::short_message(
+                                            r,
+                                            name,
+                                            link.peer,
+                                            got,
+                                            p.len * esize,
+                                        ));
+                                    }
+                                    p.landed = true;
+                                    progressed = true;
+                                }
+                                // Tested all along (a send's completion may need the peer to
+                                // take this message first), processed only when allowed.
                                 if !plan.may_process(l, p.key, &Progress { done }) {
                                     break;
-                                }
-                                let Some(got) = conns.recv(l).test(p.id).map_err(&err)? else {
-                                    break;
-                                };
-                                if got != p.len * esize {
-                                    return Err(CommError::short_message(
-                                        r,
-                                        name,
-                                        link.peer,
-                                        got,
-                                        p.len * esize,
-                                    ));
                                 }
                                 match plan.arrived(l, p.key) {
                                     Arrival::Landed => space.landed(p.at as *const T, p.len, &f)?,

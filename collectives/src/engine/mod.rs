@@ -126,7 +126,8 @@ pub(crate) trait Plan<T> {
     /// Whether receive `key` on `link`, once complete, may be processed yet: a reduction into
     /// memory that an in-flight send still reads (a transport may read it until the send
     /// completes: RDMA does, TCP does while its socket is full) must wait for that send. The
-    /// receive is not even tested until then. Default: at once.
+    /// receive is still tested meanwhile, since the send may complete only once the peer's
+    /// message is taken. Default: at once.
     fn may_process(&self, link: usize, key: Key, at: &Progress) -> bool {
         let _ = (link, key, at);
         true
