@@ -257,45 +257,37 @@ impl Communicator {
         Ok(peer * MAX_CHANNELS as usize + channel as usize)
     }
 
-    /// Take the send comm to `peer` out of the communicator (connecting if needed); give it
-    /// back with [`Communicator::put_send`]. Taking rather than borrowing lets an algorithm
-    /// drive a send and a receive comm at once.
-    pub(crate) fn take_send(
-        &mut self,
-        peer: usize,
-        channel: u32,
-    ) -> Result<Box<dyn SendComm>, CommError> {
+    /// The slot of the send comm to `peer` on `channel`, connecting first if needed. A call
+    /// borrows its comms in place ([`Communicator::send_at`]) rather than taking them out, so
+    /// there is nothing to hand back on any exit path.
+    pub(crate) fn connect_send(&mut self, peer: usize, channel: u32) -> Result<usize, CommError> {
         let slot = self.slot(peer, channel)?;
-        if let Some(c) = self.sends[slot].take() {
-            return Ok(c);
+        if self.sends[slot].is_none() {
+            let c = self
+                .transport
+                .connect(&self.handles[peer], channel, self.config.timeout)
+                .map_err(|cause| CommError::Transport {
+                    rank: self.rank,
+                    peer: Some(peer),
+                    during: format!("connecting to rank {peer}"),
+                    cause,
+                })?;
+            self.sends[slot] = Some(c);
         }
-        self.transport
-            .connect(&self.handles[peer], channel, self.config.timeout)
-            .map_err(|cause| CommError::Transport {
-                rank: self.rank,
-                peer: Some(peer),
-                during: format!("connecting to rank {peer}"),
-                cause,
-            })
+        Ok(slot)
     }
 
-    pub(crate) fn put_send(&mut self, peer: usize, channel: u32, comm: Box<dyn SendComm>) {
-        if let Ok(slot) = self.slot(peer, channel) {
-            self.sends[slot] = Some(comm);
-        }
-    }
-
-    /// Take the receive comm from `peer`, accepting connections until it shows up.
-    pub(crate) fn take_recv(
-        &mut self,
-        peer: usize,
-        channel: u32,
-    ) -> Result<Box<dyn RecvComm>, CommError> {
+    /// The slot of the receive comm from `peer` on `channel`, accepting connections until it
+    /// shows up.
+    pub(crate) fn accept_recv(&mut self, peer: usize, channel: u32) -> Result<usize, CommError> {
         let slot = self.slot(peer, channel)?;
+        if self.recvs[slot].is_some() {
+            return Ok(slot);
+        }
         let deadline = Instant::now() + self.config.timeout;
         loop {
-            if let Some(c) = self.recvs[slot].take() {
-                return Ok(c);
+            if self.recvs[slot].is_some() {
+                return Ok(slot);
             }
             if self.config.abort.is_raised() {
                 return Err(self.aborted());
@@ -336,10 +328,14 @@ impl Communicator {
         }
     }
 
-    pub(crate) fn put_recv(&mut self, peer: usize, channel: u32, comm: Box<dyn RecvComm>) {
-        if let Ok(slot) = self.slot(peer, channel) {
-            self.recvs[slot] = Some(comm);
-        }
+    /// The send comm in `slot`, which [`Communicator::connect_send`] filled.
+    pub(crate) fn send_at(&mut self, slot: usize) -> Option<&mut (dyn SendComm + 'static)> {
+        self.sends.get_mut(slot)?.as_deref_mut()
+    }
+
+    /// The receive comm in `slot`, which [`Communicator::accept_recv`] filled.
+    pub(crate) fn recv_at(&mut self, slot: usize) -> Option<&mut (dyn RecvComm + 'static)> {
+        self.recvs.get_mut(slot)?.as_deref_mut()
     }
 
     pub(crate) fn aborted(&self) -> CommError {
@@ -361,10 +357,8 @@ impl Communicator {
         }
         let right = (self.rank + 1) % self.size;
         let left = (self.rank + self.size - 1) % self.size;
-        let s = self.take_send(right, 0)?;
-        self.put_send(right, 0, s);
-        let r = self.take_recv(left, 0)?;
-        self.put_recv(left, 0, r);
+        self.connect_send(right, 0)?;
+        self.accept_recv(left, 0)?;
         Ok(())
     }
 }
@@ -378,7 +372,8 @@ impl Communicator {
 /// that says the budget is spent, they ask each blocked comm for `sleep_on()`, hand the
 /// answers to [`Waiter::sleep`] and call `woke()` on the same comms.
 pub(crate) struct Waiter {
-    last_progress: Instant,
+    /// Set at a wait's first clock reading (a call that never waits reads no clock).
+    last_progress: Option<Instant>,
     idle: u32,
     spin: Duration,
     yield_for: Duration,
@@ -392,7 +387,7 @@ const CLOCK_EVERY: u32 = 8;
 impl Waiter {
     pub(crate) fn new(comm: &Communicator) -> Self {
         Waiter {
-            last_progress: Instant::now(),
+            last_progress: None,
             idle: 0,
             spin: comm.config.spin,
             yield_for: comm.config.yield_for,
@@ -421,11 +416,12 @@ impl Waiter {
         }
         // The wait is timed from its first clock reading, CLOCK_EVERY passes in: the spin
         // budget starts those few passes late, which is noise beside any budget.
-        let waited = if self.idle == CLOCK_EVERY {
-            self.last_progress = Instant::now();
-            Duration::ZERO
-        } else {
-            self.last_progress.elapsed()
+        let waited = match self.last_progress {
+            Some(t) if self.idle != CLOCK_EVERY => t.elapsed(),
+            _ => {
+                self.last_progress = Some(Instant::now());
+                Duration::ZERO
+            }
         };
         if waited < self.spin {
             std::hint::spin_loop();

@@ -6,7 +6,6 @@ use crate::communicator::Communicator;
 use crate::dtype::DataType;
 use crate::error::CommError;
 use busbw_transports::{MemRegion, MemoryKind, Registration};
-use smallvec::SmallVec;
 
 /// The buffers of one collective call. In-place and out-of-place are distinct variants
 /// because Rust (rightly) will not let one slice be both the source and the destination.
@@ -29,15 +28,12 @@ impl Data<'_> {
     /// The call's input and output ranges, for staging device data around an algorithm
     /// (in place, the one buffer is both).
     #[allow(clippy::type_complexity)]
-    pub(crate) fn ranges(&self) -> (Vec<(*const u8, usize)>, Vec<(*mut u8, usize)>) {
+    pub(crate) fn ranges(&self) -> ([(*const u8, usize); 1], [(*mut u8, usize); 1]) {
         match self {
-            Data::InPlace(b) => (
-                vec![(b.as_ptr(), b.len())],
-                vec![(b.as_ptr() as *mut u8, b.len())],
-            ),
+            Data::InPlace(b) => ([(b.as_ptr(), b.len())], [(b.as_ptr() as *mut u8, b.len())]),
             Data::OutOfPlace { send, recv } => (
-                vec![(send.as_ptr(), send.len())],
-                vec![(recv.as_ptr() as *mut u8, recv.len())],
+                [(send.as_ptr(), send.len())],
+                [(recv.as_ptr() as *mut u8, recv.len())],
             ),
         }
     }
@@ -99,39 +95,42 @@ pub(crate) fn bytes_of(count: usize, dtype: DataType) -> Result<usize, CommError
         .ok_or_else(|| CommError::Invalid(format!("count {count} of {dtype} overflows")))
 }
 
-/// Registers `(ptr, elems)` regions and finds the one holding a pointer.
+/// A call's registrations: registers `(ptr, elems)` regions and finds the one holding a
+/// pointer. Kept by the executor between calls (empty, its capacity kept): at 8 bytes moving
+/// or reallocating a handful of registrations costs as much as the transfer.
+#[derive(Default)]
 pub(crate) struct Regs {
-    regs: SmallVec<[Registration; 4]>,
+    regs: Vec<Registration>,
 }
 
 impl Regs {
-    /// Registers regions of `kind`; on an error the regions registered so far are released.
+    /// Registers regions of `kind`; on an error every region is released again.
     pub fn with_kind<T>(
+        &mut self,
         comm: &Communicator,
-        regions: &[(*const T, usize)],
+        regions: impl Iterator<Item = (*const T, usize)>,
         kind: MemoryKind,
-    ) -> Result<Regs, CommError> {
+    ) -> Result<(), CommError> {
         let esize = std::mem::size_of::<T>();
-        let regions = regions
-            .iter()
-            // SAFETY: callers pass memory that outlives this Regs (the caller's buffers and
-            // the communicator's staging/scratch, which are not resized meanwhile).
-            .map(|&(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) });
-        Regs::register(comm, regions)
+        // SAFETY: callers pass memory that outlives these registrations (the caller's buffers
+        // and the communicator's staging/scratch, which are not resized meanwhile).
+        let regions =
+            regions.map(|(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) });
+        self.register(comm, regions)
     }
 
     /// Registers prepared regions (device memory for the GPUDirect path, possibly carrying
-    /// a dma-buf); on an error the regions registered so far are released.
+    /// a dma-buf); on an error every region is released again.
     pub fn register(
+        &mut self,
         comm: &Communicator,
-        regions: impl ExactSizeIterator<Item = MemRegion>,
-    ) -> Result<Regs, CommError> {
-        let mut regs = SmallVec::with_capacity(regions.len());
+        regions: impl Iterator<Item = MemRegion>,
+    ) -> Result<(), CommError> {
         for region in regions {
             match comm.transport().register(region) {
-                Ok(reg) => regs.push(reg),
+                Ok(reg) => self.regs.push(reg),
                 Err(cause) => {
-                    Regs { regs }.release(comm);
+                    self.release(comm);
                     return Err(CommError::Transport {
                         rank: comm.rank(),
                         peer: None,
@@ -141,7 +140,7 @@ impl Regs {
                 }
             }
         }
-        Ok(Regs { regs })
+        Ok(())
     }
 
     pub fn find(&self, ptr: *const u8, len: usize) -> &Registration {
@@ -151,8 +150,9 @@ impl Regs {
             .unwrap_or(&self.regs[0])
     }
 
-    pub fn release(self, comm: &Communicator) {
-        for r in self.regs {
+    /// Deregisters everything, keeping the capacity.
+    pub fn release(&mut self, comm: &Communicator) {
+        for r in self.regs.drain(..) {
             let _ = comm.transport().deregister(r);
         }
     }

@@ -203,7 +203,7 @@ pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommErr
     }
 }
 
-/// Staging and registrations for a call that may drive `dev`: `(staging, registrations,
+/// Staging and registrations (into `regs`) for a call that may drive `dev`: `(staging,
 /// direct)`. With a device whose memory a transport may move (`device_kind`), the device
 /// ranges and device staging are registered with that kind; if the transport accepts them the
 /// call runs direct (GPUDirect RDMA: no copies), otherwise, or without such a device, through
@@ -215,19 +215,22 @@ pub(crate) fn prepare<T>(
     stage_elems: usize,
     host_staging: impl FnOnce(&mut Communicator) -> Result<*mut T, CommError>,
     what: &str,
-) -> Result<(*mut T, Regs, bool), CommError> {
+    regs: &mut Regs,
+) -> Result<(*mut T, bool), CommError> {
     let esize = std::mem::size_of::<T>();
     let e = err(comm.rank(), what);
-    let with = |comm: &Communicator, stage: *mut T, kind| {
-        let mut all: smallvec::SmallVec<[(*const T, usize); 5]> =
-            smallvec::SmallVec::with_capacity(regions.len() + 1);
-        all.extend_from_slice(regions);
-        all.push((stage as *const T, stage_elems));
-        Regs::with_kind(comm, &all, kind)
+    let with = |comm: &Communicator, stage: *mut T, regs: &mut Regs| {
+        let all = regions.iter().copied();
+        regs.with_kind(
+            comm,
+            all.chain([(stage as *const T, stage_elems)]),
+            MemoryKind::Host,
+        )
     };
     let Some(d) = dev else {
         let stage = host_staging(comm)?;
-        return Ok((stage, with(comm, stage, MemoryKind::Host)?, false));
+        with(comm, stage, regs)?;
+        return Ok((stage, false));
     };
     if d.device_kind().is_some() {
         let attempt = (|| {
@@ -243,15 +246,16 @@ pub(crate) fn prepare<T>(
         })();
         // A transport that cannot move device memory refuses the registration: stage.
         match attempt {
-            Ok((stage, dev_regions)) => match Regs::register(comm, dev_regions.into_iter()) {
-                Ok(regs) => return Ok((stage as usize as *mut T, regs, true)),
+            Ok((stage, dev_regions)) => match regs.register(comm, dev_regions.into_iter()) {
+                Ok(()) => return Ok((stage as usize as *mut T, true)),
                 Err(refused) => d.direct_refused(refused.to_string()),
             },
             Err(failed) => d.direct_refused(failed.to_string()),
         }
     }
     let stage = d.staging(stage_elems * esize).map_err(&e)? as *mut T;
-    Ok((stage, with(comm, stage, MemoryKind::Host)?, false))
+    with(comm, stage, regs)?;
+    Ok((stage, false))
 }
 
 /// Ends a call that drove `dev`: waits for its device work (nothing may still write a twin
@@ -280,6 +284,10 @@ pub(crate) fn around<R>(
     outputs: &[(*mut u8, usize)],
     f: impl FnOnce(&mut Communicator) -> Result<R, CommError>,
 ) -> Result<R, CommError> {
+    // Host data, the latency-bound common case, costs one test.
+    if !comm.has_offload() {
+        return f(comm);
+    }
     let all: Vec<(*const u8, usize)> = inputs
         .iter()
         .copied()

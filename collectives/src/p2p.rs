@@ -12,6 +12,7 @@ use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regi
 use crate::error::CommError;
 use crate::offload;
 use crate::workspace::scratch;
+use smallvec::SmallVec;
 
 /// One transfer of a group. Pointers must stay valid until the group completes.
 #[derive(Clone, Copy)]
@@ -33,9 +34,10 @@ struct Group<'x> {
     xfers: &'x [Xfer],
     regions: &'x [(*const u8, usize)],
     name: &'static str,
-    links: Vec<Link>,
+    /// (Inline while small: a sendrecv allocates nothing.)
+    links: SmallVec<[Link; 2]>,
     /// Per link, the indices of its transfers in `xfers`, in order, and how many are handed.
-    order: Vec<(Vec<usize>, usize)>,
+    order: SmallVec<[(SmallVec<[usize; 2]>, usize); 2]>,
 }
 
 impl Group<'_> {
@@ -102,8 +104,8 @@ pub(crate) unsafe fn exchange(
         xfers,
         regions,
         name,
-        links: Vec::new(),
-        order: Vec::new(),
+        links: SmallVec::new(),
+        order: SmallVec::new(),
     };
     for (i, x) in xfers.iter().enumerate() {
         let (peer, dir) = match *x {
@@ -125,7 +127,7 @@ pub(crate) unsafe fn exchange(
                     staged: None,
                     label: "",
                 });
-                plan.order.push((Vec::new(), 0));
+                plan.order.push((SmallVec::new(), 0));
                 plan.links.len() - 1
             }
         };

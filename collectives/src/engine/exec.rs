@@ -1,6 +1,6 @@
 //! The executor: one progress loop for every plan.
 
-use super::links::{Conns, Taken};
+use super::links::Conns;
 use super::space::{Failed, Space};
 use super::{Arrival, Dir, Key, Link, Plan, Progress};
 use crate::communicator::{Communicator, Waiter};
@@ -53,25 +53,22 @@ pub(crate) struct Scratch {
     /// Per link; the vector only grows, so each state's queues keep their capacity.
     states: Vec<State>,
     done: Vec<usize>,
-    taken: Taken,
+    regs: Regs,
     on: Vec<Sleep>,
 }
 
-// SAFETY: between calls every vector is empty and every state's queues are cleared, so the raw
-// pointers the states hold during a call never travel with the communicator.
+// SAFETY: the raw pointers the states and registrations hold are only used during the call
+// that put them there (each call resets the states and releases the registrations before it
+// returns); what travels with the communicator between calls is never dereferenced.
 unsafe impl Send for Scratch {}
 
 impl Scratch {
-    /// Drops everything a call left, keeping the capacity.
+    /// Drops what a call left, keeping the capacity. The link states are reset when the next
+    /// call starts, not here: after a call that ended well their queues are empty already.
     fn clear(&mut self) {
-        let used = self.links.len().min(self.states.len());
-        for s in &mut self.states[..used] {
-            s.reset((0, 0));
-        }
         self.links.clear();
         self.pools.clear();
         self.done.clear();
-        self.taken.clear();
         self.on.clear();
     }
 }
@@ -104,7 +101,7 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
         pools,
         states,
         done,
-        taken,
+        regs,
         on,
     } = scratch;
     links.extend_from_slice(plan.links());
@@ -126,13 +123,14 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
     let slot = plan.slot_elems();
     // (At least one slot's worth, so that the staging region is never empty.)
     let stage_elems = slots.max(1) * slot;
-    let (stage, regs, direct) = offload::prepare(
+    let (stage, direct) = offload::prepare(
         comm,
         dev.as_deref_mut(),
         &plan.regions(),
         stage_elems,
         |comm| staging::<T>(comm, stage_elems, 1),
         plan.name(),
+        regs,
     )?;
     let mut space = match dev {
         // The pool splits only big reductions; smaller calls skip its reference count.
@@ -155,13 +153,13 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
     }
     done.clear();
     done.resize(links.len(), 0);
-    let result = Conns::take(comm, links, taken).and_then(|mut conns| {
+    let result = Conns::open(comm, links).and_then(|mut conns| {
         let ex = Exec {
             links,
             window,
             stage: stage as *mut u8,
             slot,
-            regs: &regs,
+            regs,
             tag,
             op,
         };
@@ -228,15 +226,22 @@ struct Exec<'a> {
 }
 
 impl Exec<'_> {
+    /// Words a transport failure on `link` (built only when one happens: this runs on every
+    /// pass of an 8-byte call).
+    #[cold]
     fn transport_err(
         &self,
         rank: usize,
         name: &'static str,
         link: usize,
-        what: &'static str,
-    ) -> impl Fn(busbw_transports::TransportError) -> CommError {
+        cause: busbw_transports::TransportError,
+    ) -> CommError {
         let (peer, label, tag) = (self.links[link].peer, self.links[link].label, self.tag);
-        move |cause| CommError::Transport {
+        let what = match self.links[link].dir {
+            Dir::Send => "sending to",
+            Dir::Recv => "receiving from",
+        };
+        CommError::Transport {
             rank,
             peer: Some(peer),
             during: format!("{name} (call {tag}{label}): {what} rank {peer}"),
@@ -272,7 +277,7 @@ impl Exec<'_> {
                 let st = &mut states[l];
                 match link.dir {
                     Dir::Send => {
-                        let err = self.transport_err(r, name, l, "sending to");
+                        let err = |c| self.transport_err(r, name, l, c);
                         while st.handed < link.messages {
                             let Some(o) = plan.next_send(l, &Progress { done }) else {
                                 break;
@@ -323,7 +328,7 @@ impl Exec<'_> {
                         }
                     }
                     Dir::Recv => {
-                        let err = self.transport_err(r, name, l, "receiving from");
+                        let err = |c| self.transport_err(r, name, l, c);
                         while st.handed < link.messages && st.recvs.len() < w {
                             let Some(i) = plan.next_recv(l, &Progress { done }) else {
                                 break;

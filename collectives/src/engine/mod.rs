@@ -4,8 +4,8 @@
 //! each connection carries, when a message may go (a forward waits for the receive it
 //! forwards; a broadcast's receive into a buffer waits for the send that read it), where a
 //! received message lands and what becomes of it (kept as it landed, or reduced into an
-//! output). [`run`] does everything else, once: it takes the connections and hands them back
-//! on every exit path, allocates the staging slots and registers memory, posts within the
+//! output). [`run`] does everything else, once: it opens the connections it lacks and borrows
+//! them in place (nothing to hand back on any exit path), allocates the staging slots and registers memory, posts within the
 //! in-flight window, tests completions in order, checks lengths, runs reductions in the
 //! call's memory [`space`] (host, a device staged through pinned twins, or a device the
 //! transport moves directly), waits and sleeps without burning a core, enforces the
@@ -30,7 +30,7 @@ pub(crate) enum Dir {
     Recv,
 }
 
-/// One connection a plan uses. The executor takes every send connection before any receive
+/// One connection a plan uses. The executor opens every send connection before any receive
 /// connection (connecting never waits for the peer, accepting waits for the peer's connect,
 /// which every peer makes in its own send phase), so ranks cannot wait on each other in a
 /// cycle while they set up.
