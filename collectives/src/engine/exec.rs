@@ -12,7 +12,6 @@ use crate::offload::{self, Offload, Ticket};
 use crate::workspace::staging;
 use busbw_transports::{RequestId, Sleep};
 use smallvec::SmallVec;
-use std::collections::VecDeque;
 
 /// Run `plan` to completion over the communicator's connections, in the memory space of the
 /// attached device when that device holds the plan's memory, else on the host.
@@ -192,14 +191,58 @@ struct Posted {
     reducing: Option<Ticket>,
 }
 
+/// A queue that is drained often: a vector and a read index, emptied (capacity kept) each
+/// time it runs dry, cheaper than a ring buffer's wrap-around at a handful of entries.
+struct Fifo<T> {
+    items: Vec<T>,
+    head: usize,
+}
+
+impl<T> Default for Fifo<T> {
+    fn default() -> Self {
+        Fifo {
+            items: Vec::new(),
+            head: 0,
+        }
+    }
+}
+
+impl<T: Copy> Fifo<T> {
+    fn len(&self) -> usize {
+        self.items.len() - self.head
+    }
+    fn is_empty(&self) -> bool {
+        self.head == self.items.len()
+    }
+    fn push_back(&mut self, t: T) {
+        self.items.push(t);
+    }
+    fn front(&self) -> Option<&T> {
+        self.items.get(self.head)
+    }
+    fn front_mut(&mut self) -> Option<&mut T> {
+        self.items.get_mut(self.head)
+    }
+    fn pop_front(&mut self) {
+        self.head += 1;
+        if self.head == self.items.len() {
+            self.clear();
+        }
+    }
+    fn clear(&mut self) {
+        self.items.clear();
+        self.head = 0;
+    }
+}
+
 /// One connection's requests.
 #[derive(Default)]
 struct State {
     /// Messages the plan has handed out so far.
     handed: usize,
-    queue: VecDeque<Queued>,
-    sends: VecDeque<RequestId>,
-    recvs: VecDeque<Posted>,
+    queue: Fifo<Queued>,
+    sends: Fifo<RequestId>,
+    recvs: Fifo<Posted>,
     /// A staged receive connection's pool: first slot and slots.
     pool: (usize, usize),
 }
