@@ -13,8 +13,8 @@ use busbw_collectives::{
     ReduceOp,
 };
 use busbw_transports::{
-    Handle, Identity, Listener, Properties, PtrSupport, RecvComm, Registration, RequestId, Result,
-    SendComm, Transport,
+    Handle, Identity, Listener, Properties, RecvComm, Registration, RequestId, Result, SendComm,
+    Transport,
 };
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -107,17 +107,7 @@ impl Listener for EchoListener {
 
 impl Transport for Echo {
     fn properties(&self) -> Properties {
-        Properties {
-            name: "echo",
-            speed_mbps: None,
-            latency_us: None,
-            ptr_support: PtrSupport {
-                host: true,
-                cuda: false,
-                dmabuf: false,
-            },
-            max_requests: 64,
-        }
+        Properties::host_only("echo", 64)
     }
     fn listen(&self) -> Result<(Handle, Box<dyn Listener>)> {
         Ok((
