@@ -254,13 +254,13 @@ impl Communicator {
                 self.rank
             )));
         }
-        Ok(peer * MAX_CHANNELS as usize + channel as usize)
+        Ok(index(peer, channel))
     }
 
-    /// The slot of the send comm to `peer` on `channel`, connecting first if needed. A call
-    /// borrows its comms in place ([`Communicator::send_at`]) rather than taking them out, so
-    /// there is nothing to hand back on any exit path.
-    pub(crate) fn connect_send(&mut self, peer: usize, channel: u32) -> Result<usize, CommError> {
+    /// Opens the send comm to `peer` on `channel` if it is not open yet. A call borrows its
+    /// comms in place ([`Communicator::send_to`]) rather than taking them out, so there is
+    /// nothing to hand back on any exit path.
+    pub(crate) fn connect_send(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
         let slot = self.slot(peer, channel)?;
         if self.sends[slot].is_none() {
             let c = self
@@ -274,20 +274,20 @@ impl Communicator {
                 })?;
             self.sends[slot] = Some(c);
         }
-        Ok(slot)
+        Ok(())
     }
 
-    /// The slot of the receive comm from `peer` on `channel`, accepting connections until it
-    /// shows up.
-    pub(crate) fn accept_recv(&mut self, peer: usize, channel: u32) -> Result<usize, CommError> {
+    /// Opens the receive comm from `peer` on `channel` if it is not open yet, accepting
+    /// connections until it shows up.
+    pub(crate) fn accept_recv(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
         let slot = self.slot(peer, channel)?;
         if self.recvs[slot].is_some() {
-            return Ok(slot);
+            return Ok(());
         }
         let deadline = Instant::now() + self.config.timeout;
         loop {
             if self.recvs[slot].is_some() {
-                return Ok(slot);
+                return Ok(());
             }
             if self.config.abort.is_raised() {
                 return Err(self.aborted());
@@ -328,14 +328,22 @@ impl Communicator {
         }
     }
 
-    /// The send comm in `slot`, which [`Communicator::connect_send`] filled.
-    pub(crate) fn send_at(&mut self, slot: usize) -> Option<&mut (dyn SendComm + 'static)> {
-        self.sends.get_mut(slot)?.as_deref_mut()
+    /// The send comm [`Communicator::connect_send`] opened, if it did.
+    pub(crate) fn send_to(
+        &mut self,
+        peer: usize,
+        channel: u32,
+    ) -> Option<&mut (dyn SendComm + 'static)> {
+        self.sends.get_mut(index(peer, channel))?.as_deref_mut()
     }
 
-    /// The receive comm in `slot`, which [`Communicator::accept_recv`] filled.
-    pub(crate) fn recv_at(&mut self, slot: usize) -> Option<&mut (dyn RecvComm + 'static)> {
-        self.recvs.get_mut(slot)?.as_deref_mut()
+    /// The receive comm [`Communicator::accept_recv`] opened, if it did.
+    pub(crate) fn recv_from(
+        &mut self,
+        peer: usize,
+        channel: u32,
+    ) -> Option<&mut (dyn RecvComm + 'static)> {
+        self.recvs.get_mut(index(peer, channel))?.as_deref_mut()
     }
 
     pub(crate) fn aborted(&self) -> CommError {
@@ -361,6 +369,11 @@ impl Communicator {
         self.accept_recv(left, 0)?;
         Ok(())
     }
+}
+
+/// Where (peer, channel) sits in `sends`/`recvs` (unchecked: [`Communicator::slot`] checks).
+fn index(peer: usize, channel: u32) -> usize {
+    peer * MAX_CHANNELS as usize + channel as usize
 }
 
 /// Waiting without burning the core a peer needs: spin for `CommConfig::spin` (the data is

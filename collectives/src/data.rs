@@ -104,18 +104,18 @@ pub(crate) struct Regs {
 }
 
 impl Regs {
-    /// Registers regions of `kind`; on an error every region is released again.
-    pub fn with_kind<T>(
+    /// Registers host regions; on an error every region is released again.
+    pub fn host<T>(
         &mut self,
         comm: &Communicator,
         regions: impl Iterator<Item = (*const T, usize)>,
-        kind: MemoryKind,
     ) -> Result<(), CommError> {
         let esize = std::mem::size_of::<T>();
         // SAFETY: callers pass memory that outlives these registrations (the caller's buffers
         // and the communicator's staging/scratch, which are not resized meanwhile).
-        let regions =
-            regions.map(|(p, elems)| unsafe { MemRegion::new(p as *mut u8, elems * esize, kind) });
+        let regions = regions.map(|(p, elems)| unsafe {
+            MemRegion::new(p as *mut u8, elems * esize, MemoryKind::Host)
+        });
         self.register(comm, regions)
     }
 

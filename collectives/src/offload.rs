@@ -221,11 +221,7 @@ pub(crate) fn prepare<T>(
     let e = err(comm.rank(), what);
     let with = |comm: &Communicator, stage: *mut T, regs: &mut Regs| {
         let all = regions.iter().copied();
-        regs.with_kind(
-            comm,
-            all.chain([(stage as *const T, stage_elems)]),
-            MemoryKind::Host,
-        )
+        regs.host(comm, all.chain([(stage as *const T, stage_elems)]))
     };
     let Some(d) = dev else {
         let stage = host_staging(comm)?;

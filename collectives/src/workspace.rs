@@ -1,40 +1,37 @@
 //! The communicator's own memory that algorithms borrow for a call: staging slots for
 //! received segments, scratch, and `mulsum`'s premultiplied input.
 
+use crate::buffer::HostBuffer;
 use crate::communicator::Communicator;
 use crate::dtype::ReduceOp;
 use crate::element::{scale_into, Element};
 use crate::error::CommError;
 use crate::offload;
 
-/// Grows the communicator's staging area to `slots` slots of `elems` elements and returns it.
-pub(crate) fn staging<T>(
-    comm: &mut Communicator,
-    elems: usize,
-    slots: usize,
-) -> Result<*mut T, CommError> {
-    let bytes = slots * elems * std::mem::size_of::<T>();
-    if comm.staging.ensure(bytes).is_none() {
-        return Err(CommError::OutOfMemory {
-            rank: comm.rank(),
-            bytes,
-            what: "staging buffers",
-        });
-    }
-    Ok(comm.staging.as_mut_slice().as_mut_ptr() as *mut T)
+/// Grows the communicator's staging area (received segments waiting to be reduced) to
+/// `elems` elements and returns it.
+pub(crate) fn staging<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
+    grow(comm, elems, |c| &mut c.staging, "staging buffers")
 }
 
 /// Grows the communicator's scratch area to `elems` elements and returns it.
 pub(crate) fn scratch<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
+    grow(comm, elems, |c| &mut c.scratch, "scratch buffers")
+}
+
+fn grow<T>(
+    comm: &mut Communicator,
+    elems: usize,
+    area: impl Fn(&mut Communicator) -> &mut HostBuffer,
+    what: &'static str,
+) -> Result<*mut T, CommError> {
     let bytes = elems * std::mem::size_of::<T>();
-    if comm.scratch.ensure(bytes).is_none() {
-        return Err(CommError::OutOfMemory {
-            rank: comm.rank(),
-            bytes,
-            what: "scratch buffers",
-        });
+    let rank = comm.rank();
+    let buf = area(comm);
+    if buf.ensure(bytes).is_none() {
+        return Err(CommError::OutOfMemory { rank, bytes, what });
     }
-    Ok(comm.scratch.as_mut_slice().as_mut_ptr() as *mut T)
+    Ok(buf.as_mut_slice().as_mut_ptr() as *mut T)
 }
 
 /// For `mulsum`, this rank's input times its scalar, in a buffer of the communicator's;

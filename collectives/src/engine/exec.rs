@@ -43,7 +43,7 @@ pub(crate) unsafe fn run<T: Element, P: Plan<T>>(
 
 /// The executor's bookkeeping, kept by the communicator between calls: once warm a call
 /// allocates nothing and copies no inline arrays (at 8 bytes either costs as much as the
-/// transfers). Empty between calls: no pointer outlives the call that made it.
+/// transfers). A pointer a call leaves in it is never read by a later call (see `Send`).
 #[derive(Default)]
 pub(crate) struct Scratch {
     links: Vec<Link>,
@@ -127,7 +127,7 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
         dev.as_deref_mut(),
         &plan.regions(),
         stage_elems,
-        |comm| staging::<T>(comm, stage_elems, 1),
+        |comm| staging::<T>(comm, stage_elems),
         plan.name(),
         regs,
     )?;
@@ -191,12 +191,18 @@ struct Posted {
     reducing: Option<Ticket>,
 }
 
-/// A queue that is drained often: a vector and a read index, emptied (capacity kept) each
-/// time it runs dry, cheaper than a ring buffer's wrap-around at a handful of entries.
+/// A queue of a handful of entries: a vector and a read index, emptied (capacity kept) each
+/// time it runs dry, cheaper than a ring buffer's wrap-around. A pipeline whose queue never
+/// runs dry (a window kept full for a whole call) moves its few live entries to the front
+/// once the read index has passed half the vector, so memory stays bounded by the window,
+/// not the call's message count.
 struct Fifo<T> {
     items: Vec<T>,
     head: usize,
 }
+
+/// Read index at which a [`Fifo`] that has not run dry moves its entries to the front.
+const COMPACT_AT: usize = 32;
 
 impl<T> Default for Fifo<T> {
     fn default() -> Self {
@@ -227,6 +233,9 @@ impl<T: Copy> Fifo<T> {
         self.head += 1;
         if self.head == self.items.len() {
             self.clear();
+        } else if self.head >= COMPACT_AT && 2 * self.head >= self.items.len() {
+            self.items.drain(..self.head);
+            self.head = 0;
         }
     }
     fn clear(&mut self) {
@@ -548,5 +557,38 @@ impl Exec<'_> {
             );
         }
         (r, format!("{name} call {tag}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_keeps_order_and_stays_bounded_when_never_dry() {
+        let mut q = Fifo::default();
+        let mut next_in = 0usize;
+        let mut next_out = 0usize;
+        // A window of 4 kept full for 10000 messages, as a long pipeline does.
+        for _ in 0..4 {
+            q.push_back(next_in);
+            next_in += 1;
+        }
+        for _ in 0..10_000 {
+            assert_eq!(q.front(), Some(&next_out));
+            q.pop_front();
+            next_out += 1;
+            q.push_back(next_in);
+            next_in += 1;
+            assert_eq!(q.len(), 4);
+            assert!(q.items.len() <= 2 * COMPACT_AT, "grew to {}", q.items.len());
+        }
+        while !q.is_empty() {
+            assert_eq!(q.front(), Some(&next_out));
+            q.pop_front();
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
+        assert!(q.items.is_empty());
     }
 }

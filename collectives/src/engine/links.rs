@@ -2,7 +2,7 @@
 //! out, so nothing has to be handed back, whichever way the call ends.
 
 use super::{Dir, Link};
-use crate::communicator::{Communicator, MAX_CHANNELS};
+use crate::communicator::Communicator;
 use crate::error::CommError;
 use busbw_transports::{RecvComm, SendComm, Sleep};
 
@@ -12,36 +12,32 @@ pub(crate) struct Conns<'c, 'l> {
     links: &'l [Link],
 }
 
-/// Where a link's connection sits in the communicator (checked by [`Conns::open`]).
-fn slot(l: &Link) -> usize {
-    l.peer * MAX_CHANNELS as usize + l.channel as usize
-}
-
 impl<'c, 'l> Conns<'c, 'l> {
     /// Open every link's connection that is not open yet, all sends before any receive (see
     /// [`Link`]).
     pub fn open(comm: &'c mut Communicator, links: &'l [Link]) -> Result<Self, CommError> {
         for dir in [Dir::Send, Dir::Recv] {
             for l in links.iter().filter(|l| l.dir == dir) {
-                let at = match dir {
+                match dir {
                     Dir::Send => comm.connect_send(l.peer, l.channel)?,
                     Dir::Recv => comm.accept_recv(l.peer, l.channel)?,
-                };
-                debug_assert_eq!(at, slot(l));
+                }
             }
         }
         Ok(Conns { comm, links })
     }
 
     pub fn send(&mut self, link: usize) -> &mut (dyn SendComm + 'static) {
-        match self.comm.send_at(slot(&self.links[link])) {
+        let l = &self.links[link];
+        match self.comm.send_to(l.peer, l.channel) {
             Some(s) => s,
             None => panic!("link {link} has no open send connection"),
         }
     }
 
     pub fn recv(&mut self, link: usize) -> &mut (dyn RecvComm + 'static) {
-        match self.comm.recv_at(slot(&self.links[link])) {
+        let l = &self.links[link];
+        match self.comm.recv_from(l.peer, l.channel) {
             Some(r) => r,
             None => panic!("link {link} has no open receive connection"),
         }
