@@ -1,8 +1,8 @@
 //! `-g`: this rank's buffers on a CUDA device (feature `cuda`; docs/cuda.md).
 //!
 //! TCP and shared memory move host memory, so each device buffer has a pinned host twin and
-//! the device is attached to the communicator for the length of an operation
-//! (`collectives::offload`): ring, chain and tree algorithms copy their own input out per
+//! each operation's data names the device as its memory space (`collectives::space`): ring,
+//! chain and tree algorithms copy their own input out per
 //! segment, reduce what arrives on the device and copy back only what travels on, all
 //! overlapped with the network; recursive doubling and the point-to-point collectives are
 //! staged around the operation. A row's time therefore includes the PCIe copies and device
@@ -200,13 +200,13 @@ mod imp {
     use busbw_collectives::cuda::gpudirect;
     use busbw_collectives::cuda::offload::CudaOffload;
     use busbw_collectives::cuda::select::select_device;
-    use busbw_collectives::Mirror;
+    use busbw_collectives::{MemorySpace, Mirror};
 
     /// A rank's device, its send/receive/expected buffers and their pinned twins. The
-    /// device lives in its [`CudaOffload`], which the communicator holds during each
-    /// operation (so the collectives reduce on the device and copy per segment).
+    /// device lives in its [`CudaOffload`], which each operation's data names as its memory
+    /// space (so the collectives reduce on the device and copy per segment).
     pub struct DeviceMem {
-        dev: Option<Box<CudaOffload>>,
+        dev: CudaOffload,
         info: GpuInfo,
         timer: EventTimer,
         send: DeviceBuffer,
@@ -331,13 +331,6 @@ mod imp {
     }
 
     /// The device, when no operation holds it (always, between operations).
-    fn detached(dev: &mut Option<Box<CudaOffload>>) -> Result<&mut Gpu> {
-        match dev.as_mut() {
-            Some(d) => Ok(d.gpu()),
-            None => anyhow::bail!("the device is still attached to the communicator"),
-        }
-    }
-
     impl DeviceMem {
         /// Selects (nccl-tests' rule) and opens the device of the rank at `slot`.
         pub fn open(slot: Slot) -> Result<DeviceMem> {
@@ -352,7 +345,7 @@ mod imp {
             let info = gpu.info().clone();
             let opened_free = gpu.free_memory()?;
             Ok(DeviceMem {
-                dev: Some(Box::new(CudaOffload::new(gpu))),
+                dev: CudaOffload::new(gpu),
                 info,
                 timer,
                 send,
@@ -373,7 +366,7 @@ mod imp {
 
         /// Free device memory now (nccl-tests' `-M` takes differences of it).
         pub fn free_memory(&mut self) -> Result<u64> {
-            Ok(detached(&mut self.dev)?.free_memory()?)
+            Ok(self.dev.gpu().free_memory()?)
         }
 
         pub fn opened_free(&self) -> u64 {
@@ -397,9 +390,7 @@ mod imp {
             let props = comm.transport().properties();
             let sysfs = std::path::Path::new("/sys");
             let (path, line) = gpudirect::path_line(&props, None, self.info.dmabuf, sysfs);
-            if let Some(d) = self.dev.as_mut() {
-                d.set_path(path);
-            }
+            self.dev.set_path(path);
             let around = "recursive doubling and point-to-point staged around the operation";
             match path {
                 gpudirect::DevicePath::Staged => format!(
@@ -414,11 +405,9 @@ mod imp {
         }
 
         pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
-            if let Some(d) = self.dev.as_mut() {
-                // The dma-bufs of the buffers about to be replaced.
-                d.forget_exports();
-            }
-            let g = detached(&mut self.dev)?;
+            // The dma-bufs of the buffers about to be replaced.
+            self.dev.forget_exports();
+            let g = self.dev.gpu();
             let what = |b: usize, w: &str| format!("allocating {b} bytes of {w} memory; lower -e");
             self.send = g.alloc(send).with_context(|| what(send, "device send"))?;
             self.recv = g
@@ -440,10 +429,9 @@ mod imp {
                 (g.address(&self.send, 0)?, self.send.len()),
                 (g.address(&self.recv, 0)?, self.recv.len()),
             ];
-            if let Some(d) = self.dev.as_mut() {
-                d.export_buffers(&whole)
-                    .context("exporting the device buffers for GPUDirect RDMA")?;
-            }
+            self.dev
+                .export_buffers(&whole)
+                .context("exporting the device buffers for GPUDirect RDMA")?;
             Ok(())
         }
 
@@ -455,11 +443,10 @@ mod imp {
                 .max(1)
         }
 
-        /// One operation on device data: the collective runs on the pinned twins with the
-        /// device attached to the communicator, so ring, chain and tree reduce on the device
-        /// and copy per segment, overlapped with the network, and the other algorithms are
-        /// staged around (`collectives::offload`). Returns the CUDA-event time of the whole
-        /// when `timed`.
+        /// One operation on device data: the collective runs on the pinned twins in the
+        /// device's memory space, so ring, chain and tree reduce on the device and copy per
+        /// segment, overlapped with the network, and the other algorithms are staged around
+        /// (`collectives::space`). Returns the CUDA-event time of the whole when `timed`.
         pub fn op(
             &mut self,
             comm: &mut Communicator,
@@ -473,51 +460,28 @@ mod imp {
             let span = sb.max(rb);
             let soff = (self.base + soff).min(self.send.len().saturating_sub(sb));
             let roff = (self.base + roff).min(self.recv.len().saturating_sub(span));
-            let Some(mut dev) = self.dev.take() else {
-                anyhow::bail!("the device is still attached to the communicator");
-            };
-            let prepared = (|| -> Result<()> {
-                let hs = self.hsend.as_mut_slice()?;
-                let hr = self.hrecv.as_mut_slice()?;
-                let mirrors = vec![
-                    Mirror {
-                        host: hs.as_mut_ptr(),
-                        device: dev.gpu().address(&self.send, soff)?,
-                        len: sb,
-                    },
-                    Mirror {
-                        host: hr.as_mut_ptr(),
-                        device: dev.gpu().address(&self.recv, roff)?,
-                        len: span,
-                    },
-                ];
-                dev.set_mirrors(mirrors)?;
-                if timed {
-                    self.timer.start(dev.gpu())?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = prepared {
-                self.dev = Some(dev);
-                return Err(e);
-            }
-            comm.set_offload(Some(dev));
-            let ran = match (self.hsend.as_mut_slice(), self.hrecv.as_mut_slice()) {
-                (Ok(hs), Ok(hr)) => run(comm, &hs[..sb], &mut hr[..span], ctx).map_err(Into::into),
-                (Err(e), _) | (_, Err(e)) => Err(anyhow::Error::from(e)),
-            };
-            match comm
-                .set_offload(None)
-                .map(|b| b.into_any().downcast::<CudaOffload>())
-            {
-                Some(Ok(d)) => self.dev = Some(d),
-                _ => anyhow::bail!("the communicator did not give the device back"),
-            }
-            ran?;
+            let hs = self.hsend.as_mut_slice()?;
+            let hr = self.hrecv.as_mut_slice()?;
+            let mirrors = vec![
+                Mirror {
+                    host: hs.as_mut_ptr(),
+                    device: self.dev.gpu().address(&self.send, soff)?,
+                    len: sb,
+                },
+                Mirror {
+                    host: hr.as_mut_ptr(),
+                    device: self.dev.gpu().address(&self.recv, roff)?,
+                    len: span,
+                },
+            ];
+            self.dev.set_mirrors(mirrors)?;
             if timed {
-                if let Some(d) = self.dev.as_mut() {
-                    self.timer.stop(d.gpu())?;
-                }
+                self.timer.start(self.dev.gpu())?;
+            }
+            let space = MemorySpace::Device(&mut self.dev);
+            run(comm, &hs[..sb], &mut hr[..span], space, ctx)?;
+            if timed {
+                self.timer.stop(self.dev.gpu())?;
                 return Ok(Some(self.timer.elapsed_s()?));
             }
             Ok(None)
@@ -537,7 +501,7 @@ mod imp {
         ) -> Result<u64> {
             let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
             // The device holds the truth; the twins are only staging.
-            let gpu = detached(&mut self.dev)?;
+            let gpu = self.dev.gpu();
             gpu.zero(&mut self.recv, self.base, span)?;
             let mut f = DeviceFill {
                 gpu,
@@ -553,7 +517,7 @@ mod imp {
                 return Err(e).context("making validation data on the device");
             }
             self.op(comm, run, ctx, 0, 0, false)?;
-            let gpu = detached(&mut self.dev)?;
+            let gpu = self.dev.gpu();
             if corrupt && !checked.is_empty() {
                 let at = self.base + checked.start;
                 let mut b = [0u8];

@@ -21,7 +21,9 @@ use crate::specs::{CollectiveSpec, DataCtx, HostFill, Redop};
 use anyhow::{Context, Result};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
 use busbw_collectives::verifiable::count_wrong;
-use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, HostBuffer, ReduceOp};
+use busbw_collectives::{
+    all_reduce_values, barrier, Communicator, DataType, HostBuffer, MemorySpace, ReduceOp,
+};
 use busbw_reports::run::IterStats;
 use busbw_reports::{Cell, CellDetail, Measured, MemoryUsage, Row, Sink};
 use std::time::Instant;
@@ -391,7 +393,7 @@ fn sweep(
                     let b = &mut *st.bufs;
                     let send = &b.send.as_slice()[b.base..];
                     let recv = &mut b.recv.as_mut_slice()[b.base..];
-                    (spec.run)(comm, send, recv, &ctx).map_err(Into::into)
+                    (spec.run)(comm, send, recv, MemorySpace::Host, &ctx).map_err(Into::into)
                 }
             }
             .with_context(|| format!("warmup at {size} bytes"))?;
@@ -526,7 +528,7 @@ impl Memory for Buffers {
         let recv = &mut self.recv.as_mut_slice()[self.base..];
         let s = &send[off.min(send.len().saturating_sub(sb))..];
         let roff = off.min(recv.len().saturating_sub(span));
-        (spec.run)(comm, s, &mut recv[roff..], ctx)?;
+        (spec.run)(comm, s, &mut recv[roff..], MemorySpace::Host, ctx)?;
         Ok(None)
     }
     fn validate(
@@ -542,7 +544,7 @@ impl Memory for Buffers {
         (spec.init)(vctx, &mut self.fill(vctx.dtype, true));
         let send = &self.send.as_slice()[self.base..];
         let recv = &mut self.recv.as_mut_slice()[self.base..];
-        (spec.run)(comm, send, recv, vctx)?;
+        (spec.run)(comm, send, recv, MemorySpace::Host, vctx)?;
         if corrupt && !checked.is_empty() {
             recv[checked.start] ^= 0x01;
         }
@@ -831,16 +833,17 @@ mod tests {
     /// Where the spy saw each operation's send and receive data start, modulo 64.
     static SEEN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
 
-    fn spy(
+    fn spy<'a>(
         comm: &mut Communicator,
-        send: &[u8],
-        recv: &mut [u8],
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        space: MemorySpace<'a>,
         ctx: &DataCtx,
     ) -> Result<(), busbw_collectives::CommError> {
         let at = (send.as_ptr() as usize % 64, recv.as_ptr() as usize % 64);
         SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(at);
         let real = crate::specs::find("all_reduce").unwrap();
-        (real.run)(comm, send, recv, ctx)
+        (real.run)(comm, send, recv, space, ctx)
     }
 
     #[test]

@@ -732,10 +732,7 @@ fn pairwise(
                 |c: &mut busbw_collectives::Communicator, s: &HostBuffer, r: &mut HostBuffer| {
                     sendrecv(
                         c,
-                        Data::OutOfPlace {
-                            send: s.as_slice(),
-                            recv: r.as_mut_slice(),
-                        },
+                        Data::out_of_place(s.as_slice(), r.as_mut_slice()),
                         count,
                         DataType::Float32,
                     )

@@ -155,19 +155,19 @@ fn main() {
         .expect("echo communicator");
     let cases: [(&str, Call); 5] = [
         ("ring", |c, b| {
-            busbw_collectives::all_reduce(c, Data::InPlace(b), 2, DataType::Float32, ReduceOp::Sum)
+            busbw_collectives::all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
         }),
         ("rd", |c, b| {
-            rd_all_reduce(c, Data::InPlace(b), 2, DataType::Float32, ReduceOp::Sum)
+            rd_all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
         }),
         ("tree", |c, b| {
-            tree_all_reduce(c, Data::InPlace(b), 2, DataType::Float32, ReduceOp::Sum)
+            tree_all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
         }),
         ("broadcast", |c, b| {
-            broadcast(c, Data::InPlace(b), 2, DataType::Float32, 0)
+            broadcast(c, Data::in_place(b), 2, DataType::Float32, 0)
         }),
         ("sendrecv", |c, b| {
-            sendrecv(c, Data::InPlace(b), 2, DataType::Float32)
+            sendrecv(c, Data::in_place(b), 2, DataType::Float32)
         }),
     ];
     let mut buf = vec![0u8; 8];

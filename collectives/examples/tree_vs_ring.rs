@@ -89,10 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let t = Instant::now();
                     let ran = all_reduce_with(
                         comm,
-                        Data::OutOfPlace {
-                            send: send.as_slice(),
-                            recv: recv.as_mut_slice(),
-                        },
+                        Data::out_of_place(send.as_slice(), recv.as_mut_slice()),
                         count,
                         DataType::Float32,
                         ReduceOp::Sum,

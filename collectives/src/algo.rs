@@ -202,7 +202,7 @@ fn time_one(
     let t0 = Instant::now();
     all_reduce_with(
         comm,
-        Data::InPlace(&mut buf.as_mut_slice()[..bytes]),
+        Data::in_place(&mut buf.as_mut_slice()[..bytes]),
         bytes / 4,
         DataType::Float32,
         ReduceOp::Sum,

@@ -12,8 +12,8 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::Regions;
 use crate::error::CommError;
-use crate::offload;
 use crate::ring::{run_ring, Chunks, RingPlan};
+use crate::space::MemorySpace;
 use crate::with_dtype;
 use crate::workspace::{premultiplied, scratch};
 
@@ -38,10 +38,11 @@ pub fn broadcast(
 ) -> Result<(), CommError> {
     check_root(comm, root, "broadcast")?;
     let bytes = bytes_of(count, dtype)?;
-    let b = data.bufs(comm.rank(), "broadcast", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(comm.rank(), "broadcast", bytes, bytes, dtype, (0, 0))?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
-        unsafe { broadcast_raw::<T>(comm, b.src as *const T, b.dst as *mut T, count, root) }
+        unsafe { broadcast_raw::<T>(comm, space, b.src as *const T, b.dst as *mut T, count, root) }
     })
 }
 
@@ -57,12 +58,13 @@ pub fn reduce(
 ) -> Result<(), CommError> {
     check_root(comm, root, "reduce")?;
     let bytes = bytes_of(count, dtype)?;
-    let b = data.bufs(comm.rank(), "reduce", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(comm.rank(), "reduce", bytes, bytes, dtype, (0, 0))?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: as in broadcast.
         unsafe {
-            let src = premultiplied(comm, op, b.src as *const T, count)?;
-            reduce_raw::<T>(comm, src, b.dst as *mut T, count, op, root)
+            let src = premultiplied(comm, space, op, b.src as *const T, count)?;
+            reduce_raw::<T>(comm, space, src, b.dst as *mut T, count, op, root)
         }
     })
 }
@@ -148,6 +150,7 @@ impl<T> RingPlan<T> for ChainPlan<T> {
 /// `src` and `dst` valid for `count` elements (possibly equal).
 pub(crate) unsafe fn broadcast_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     count: usize,
@@ -156,7 +159,7 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
     let (n, r) = (comm.size(), comm.rank());
     if r == root {
         let bytes = count * std::mem::size_of::<T>();
-        offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "broadcast")?;
+        space.copy(r, dst as *mut u8, src as *const u8, bytes, "broadcast")?;
     }
     if n == 1 || count == 0 {
         comm.next_tag();
@@ -177,13 +180,14 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, count),
     };
-    run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "broadcast")
+    run_ring(comm, space, &plan, &ch, ReduceOp::Sum, 0, "broadcast")
 }
 
 /// # Safety
 /// `src` and `dst` valid for `count` elements (possibly equal).
 pub(crate) unsafe fn reduce_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     count: usize,
@@ -194,21 +198,17 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     if n == 1 || count == 0 {
         comm.next_tag();
         let bytes = count * std::mem::size_of::<T>();
-        return offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "reduce");
+        return space.copy(r, dst as *mut u8, src as *const u8, bytes, "reduce");
     }
     // Position along the chain: root+1 first, root last.
     let pos = (r + n - root - 1) % n;
     let is_root = r == root;
     // Intermediate partial sums go to scratch: a non-root's receive buffer must stay as is.
     let esize = std::mem::size_of::<T>();
-    let near = [
-        (src as *const u8, count * esize),
-        (dst as *const u8, count * esize),
-    ];
     let out = if is_root {
         dst
     } else {
-        match offload::scratch_near(comm, count * esize, &near, "reduce")? {
+        match space.scratch(r, count * esize, "reduce")? {
             Some(p) => p as *mut T,
             None => scratch::<T>(comm, count)?,
         }
@@ -228,5 +228,5 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, count),
     };
-    run_ring(comm, &plan, &ch, op, 0, "reduce")
+    run_ring(comm, space, &plan, &ch, op, 0, "reduce")
 }

@@ -7,7 +7,6 @@
 
 use crate::buffer::HostBuffer;
 use crate::error::CommError;
-use crate::offload::Offload;
 use busbw_transports::{
     Abort, Handle, Identity, Listener, RecvComm, SendComm, Sleep, Transport, TransportError,
 };
@@ -96,8 +95,6 @@ pub struct Communicator {
     pub(crate) premul: HostBuffer,
     /// Threads for large reductions (`CommConfig::reduce_threads`), if more than one.
     reduce_pool: Option<std::sync::Arc<rayon::ThreadPool>>,
-    /// The device holding the truth of mirrored buffers, while one is attached.
-    offload: Option<Box<dyn Offload>>,
     /// The executor's bookkeeping, reused from call to call (boxed: a call takes it out and
     /// puts it back, which should move a pointer, not the vectors).
     pub(crate) engine: Option<Box<crate::engine::Scratch>>,
@@ -156,7 +153,6 @@ impl Communicator {
             scratch: empty()?,
             premul: empty()?,
             reduce_pool,
-            offload: None,
             engine: None,
         })
     }
@@ -195,34 +191,6 @@ impl Communicator {
     /// The pool large reductions are split across, if the communicator has one.
     pub fn reduce_pool(&self) -> Option<std::sync::Arc<rayon::ThreadPool>> {
         self.reduce_pool.clone()
-    }
-
-    /// Attach (or detach, with `None`) the device whose buffers the next calls use through
-    /// their host twins; returns the previous one. Calls on buffers outside its mirrors run
-    /// on host memory as usual.
-    pub fn set_offload(&mut self, offload: Option<Box<dyn Offload>>) -> Option<Box<dyn Offload>> {
-        std::mem::replace(&mut self.offload, offload)
-    }
-
-    /// Whether an offload is attached (the host path skips looking at its mirrors).
-    pub(crate) fn has_offload(&self) -> bool {
-        self.offload.is_some()
-    }
-
-    /// The attached offload, taken out for the length of a call, if it mirrors every range.
-    pub(crate) fn take_offload(
-        &mut self,
-        ranges: &[(*const u8, usize)],
-    ) -> Option<Box<dyn Offload>> {
-        if self.offload.as_ref()?.covers(ranges) {
-            self.offload.take()
-        } else {
-            None
-        }
-    }
-
-    pub(crate) fn put_offload(&mut self, offload: Box<dyn Offload>) {
-        self.offload = Some(offload);
     }
 
     pub fn transport(&self) -> &dyn Transport {

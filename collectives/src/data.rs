@@ -5,33 +5,78 @@
 use crate::communicator::Communicator;
 use crate::dtype::DataType;
 use crate::error::CommError;
+use crate::space::MemorySpace;
 use busbw_transports::{MemRegion, MemoryKind, Registration};
 
-/// The buffers of one collective call. In-place and out-of-place are distinct variants
-/// because Rust (rightly) will not let one slice be both the source and the destination.
+/// The buffers of one collective call and the memory they live in.
 ///
-/// In place, the single buffer is the larger of the two (NCCL's convention): for AllGather
-/// and Gather it is the output and this rank's input sits at `rank × count`; for
-/// ReduceScatter and Scatter it is the input and the output sits at `rank × count`.
-pub enum Data<'a> {
+/// In-place and out-of-place calls are distinct because Rust (rightly) will not let one slice
+/// be both the source and the destination. In place, the single buffer is the larger of the
+/// two (NCCL's convention): for AllGather and Gather it is the output and this rank's input
+/// sits at `rank × count`; for ReduceScatter and Scatter it is the input and the output sits
+/// at `rank × count`.
+///
+/// Buffers are host memory unless [`Data::on`] says otherwise: for data on a device they are
+/// the device's page-locked host twins, and the [`MemorySpace`] decides per call what moves.
+pub struct Data<'a> {
+    buffers: Buffers<'a>,
+    space: MemorySpace<'a>,
+}
+
+enum Buffers<'a> {
     InPlace(&'a mut [u8]),
     OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
 }
 
-/// Raw, checked pointers for a call.
-pub(crate) struct Bufs {
+/// Raw, checked pointers for a call, and the space they live in.
+pub(crate) struct Bufs<'a> {
     pub src: *const u8,
     pub dst: *mut u8,
+    pub space: MemorySpace<'a>,
 }
 
-impl Data<'_> {
-    /// The call's input and output ranges, for staging device data around an algorithm
-    /// (in place, the one buffer is both).
+impl<'a> Data<'a> {
+    /// One buffer, both input and output (see the type's documentation for where each is).
+    pub fn in_place(buf: &'a mut [u8]) -> Self {
+        Data {
+            buffers: Buffers::InPlace(buf),
+            space: MemorySpace::Host,
+        }
+    }
+
+    pub fn out_of_place(send: &'a [u8], recv: &'a mut [u8]) -> Self {
+        Data {
+            buffers: Buffers::OutOfPlace { send, recv },
+            space: MemorySpace::Host,
+        }
+    }
+
+    /// The same buffers, living in `space`.
+    pub fn on(self, space: MemorySpace<'a>) -> Self {
+        Data { space, ..self }
+    }
+
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.buffers, Buffers::InPlace(_))
+    }
+
+    /// The buffers as host data, and the space they really live in: for algorithms that run
+    /// on host twins made current by [`MemorySpace::around`].
+    pub(crate) fn split_space(self) -> (Data<'a>, MemorySpace<'a>) {
+        let space = self.space;
+        let data = Data {
+            buffers: self.buffers,
+            space: MemorySpace::Host,
+        };
+        (data, space)
+    }
+
+    /// The call's input and output ranges (in place, the one buffer is both).
     #[allow(clippy::type_complexity)]
     pub(crate) fn ranges(&self) -> ([(*const u8, usize); 1], [(*mut u8, usize); 1]) {
-        match self {
-            Data::InPlace(b) => ([(b.as_ptr(), b.len())], [(b.as_ptr() as *mut u8, b.len())]),
-            Data::OutOfPlace { send, recv } => (
+        match &self.buffers {
+            Buffers::InPlace(b) => ([(b.as_ptr(), b.len())], [(b.as_ptr() as *mut u8, b.len())]),
+            Buffers::OutOfPlace { send, recv } => (
                 [(send.as_ptr(), send.len())],
                 [(recv.as_ptr() as *mut u8, recv.len())],
             ),
@@ -46,10 +91,14 @@ impl Data<'_> {
         recv_bytes: usize,
         dtype: DataType,
         (send_off, recv_off): (usize, usize),
-    ) -> Result<Bufs, CommError> {
+    ) -> Result<Bufs<'a>, CommError> {
         let err = |m: String| CommError::Invalid(format!("rank {rank}: {what}: {m}"));
-        let b = match self {
-            Data::InPlace(b) => {
+        if let MemorySpace::Device(_) = self.space {
+            let (inputs, outputs) = self.ranges();
+            self.space.check(&inputs, &outputs, rank, what)?;
+        }
+        let (src, dst) = match self.buffers {
+            Buffers::InPlace(b) => {
                 let need = (send_off + send_bytes).max(recv_off + recv_bytes);
                 if b.len() < need {
                     return Err(err(format!(
@@ -59,14 +108,9 @@ impl Data<'_> {
                 }
                 let p = b.as_mut_ptr();
                 // SAFETY: both offsets are inside the buffer (checked above).
-                unsafe {
-                    Bufs {
-                        src: p.add(send_off),
-                        dst: p.add(recv_off),
-                    }
-                }
+                unsafe { (p.add(send_off) as *const u8, p.add(recv_off)) }
             }
-            Data::OutOfPlace { send, recv } => {
+            Buffers::OutOfPlace { send, recv } => {
                 if send.len() < send_bytes || recv.len() < recv_bytes {
                     return Err(err(format!(
                         "buffers of {} and {} bytes are too small for {send_bytes} and {recv_bytes} bytes",
@@ -74,18 +118,19 @@ impl Data<'_> {
                         recv.len()
                     )));
                 }
-                Bufs {
-                    src: send.as_ptr(),
-                    dst: recv.as_mut_ptr(),
-                }
+                (send.as_ptr(), recv.as_mut_ptr())
             }
         };
-        for p in [b.src as usize, b.dst as usize] {
+        for p in [src as usize, dst as usize] {
             if p % dtype.size() != 0 {
                 return Err(err(format!("buffer at {p:#x} is not aligned for {dtype}")));
             }
         }
-        Ok(b)
+        Ok(Bufs {
+            src,
+            dst,
+            space: self.space,
+        })
     }
 }
 

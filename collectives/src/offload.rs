@@ -11,10 +11,11 @@
 //! transfer of the next (the pipelining NCCL's proxy does without GPUDirect).
 //!
 //! The device, not the twin, holds the truth: twins are written only by downloads and
-//! received data, so an algorithm that does not know about offloads would read stale
-//! memory. Those algorithms (recursive doubling, the point-to-point family) are run by
-//! [`around`], which copies every input out first and every output in afterwards, the
-//! boundary staging of a transport-only view.
+//! received data. A call says its data is on a device with
+//! [`MemorySpace::Device`](crate::MemorySpace), and the space module decides what each
+//! message costs; algorithms that only move host memory run with every input copied out
+//! first and every output copied in afterwards, the boundary staging of a transport-only
+//! view.
 //!
 //! Addresses are host-twin addresses throughout: the offload translates them to the device
 //! through its [`Mirror`]s. [`sim`] is a device made of host memory behind a worker thread,
@@ -23,10 +24,7 @@
 
 pub mod sim;
 
-use crate::communicator::Communicator;
-use crate::data::Regs;
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::CommError;
 use busbw_transports::{MemRegion, MemoryKind};
 
 /// Completion handle of one asynchronous device operation. Tickets of one offload complete
@@ -87,8 +85,6 @@ pub struct Reduce {
 /// addresses inside [`Offload::mirrors`] (or staging memory where said) and fail with an
 /// [`OffloadError`] on a device error or an address outside every mirror.
 pub trait Offload: Send {
-    /// Back to the concrete type, for the owner that attached it (`Box<dyn Any>::downcast`).
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
     /// Host ranges with device twins.
     fn mirrors(&self) -> &[Mirror];
     /// Page-locked host memory of at least `bytes` for receives that are reduced; the
@@ -173,14 +169,6 @@ pub trait Offload: Send {
         op: ReduceOp,
         avg_over: Option<usize>,
     ) -> Result<Ticket, OffloadError>;
-
-    /// Whether every non-empty range lies in a mirror.
-    fn covers(&self, ranges: &[(*const u8, usize)]) -> bool {
-        ranges
-            .iter()
-            .filter(|r| r.1 > 0)
-            .all(|&(p, len)| self.mirrors().iter().any(|m| m.device_of(p, len).is_some()))
-    }
 }
 
 /// The device address of host-twin `p..p+len` in `mirrors`.
@@ -193,191 +181,6 @@ pub fn device_of(mirrors: &[Mirror], p: *const u8, len: usize) -> Result<u64, Of
                 "{len} bytes at host {p:p} have no device twin (not inside any mirrored buffer)"
             ))
         })
-}
-
-pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommError + '_ {
-    move |cause| CommError::Device {
-        rank,
-        during: during.to_string(),
-        cause,
-    }
-}
-
-/// Staging and registrations (into `regs`) for a call that may drive `dev`: `(staging,
-/// direct)`. With a device whose memory a transport may move (`device_kind`), the device
-/// ranges and device staging are registered with that kind; if the transport accepts them the
-/// call runs direct (GPUDirect RDMA: no copies), otherwise, or without such a device, through
-/// the pinned twins and host staging. Without a device, host staging from `host_staging`.
-pub(crate) fn prepare<T>(
-    comm: &mut Communicator,
-    dev: Option<&mut (dyn Offload + 'static)>,
-    regions: &[(*const T, usize)],
-    stage_elems: usize,
-    host_staging: impl FnOnce(&mut Communicator) -> Result<*mut T, CommError>,
-    what: &str,
-    regs: &mut Regs,
-) -> Result<(*mut T, bool), CommError> {
-    let esize = std::mem::size_of::<T>();
-    let e = err(comm.rank(), what);
-    let with = |comm: &Communicator, stage: *mut T, regs: &mut Regs| {
-        let all = regions.iter().copied();
-        regs.host(comm, all.chain([(stage as *const T, stage_elems)]))
-    };
-    let Some(d) = dev else {
-        let stage = host_staging(comm)?;
-        with(comm, stage, regs)?;
-        return Ok((stage, false));
-    };
-    if d.device_kind().is_some() {
-        let attempt = (|| {
-            let stage = d.device_staging(stage_elems * esize)?;
-            let mut dev_regions: smallvec::SmallVec<[MemRegion; 5]> =
-                smallvec::SmallVec::with_capacity(regions.len() + 1);
-            for &(p, elems) in regions {
-                let a = device_of(d.mirrors(), p as *const u8, elems * esize)?;
-                dev_regions.push(d.device_region(a, elems * esize)?);
-            }
-            dev_regions.push(d.device_region(stage, stage_elems * esize)?);
-            Ok::<_, OffloadError>((stage, dev_regions))
-        })();
-        // A transport that cannot move device memory refuses the registration: stage.
-        match attempt {
-            Ok((stage, dev_regions)) => match regs.register(comm, dev_regions.into_iter()) {
-                Ok(()) => return Ok((stage as usize as *mut T, true)),
-                Err(refused) => d.direct_refused(refused.to_string()),
-            },
-            Err(failed) => d.direct_refused(failed.to_string()),
-        }
-    }
-    let stage = d.staging(stage_elems * esize).map_err(&e)? as *mut T;
-    with(comm, stage, regs)?;
-    Ok((stage, false))
-}
-
-/// Ends a call that drove `dev`: waits for its device work (nothing may still write a twin
-/// or read staging once the call has returned) and gives the offload back to `comm`.
-pub(crate) fn finish(
-    comm: &mut Communicator,
-    dev: Option<Box<dyn Offload>>,
-    result: Result<(), CommError>,
-    what: &str,
-) -> Result<(), CommError> {
-    let Some(mut d) = dev else {
-        return result;
-    };
-    let synced = d.sync().map_err(err(comm.rank(), what));
-    comm.put_offload(d);
-    result.and(synced)
-}
-
-/// Runs `f` on host twins made current: every input range copied out of the device first,
-/// every output range copied in afterwards. For algorithms that do not drive an offload;
-/// without an offload covering the ranges, `f` runs as is.
-pub(crate) fn around<R>(
-    comm: &mut Communicator,
-    what: &str,
-    inputs: &[(*const u8, usize)],
-    outputs: &[(*mut u8, usize)],
-    f: impl FnOnce(&mut Communicator) -> Result<R, CommError>,
-) -> Result<R, CommError> {
-    // Host data, the latency-bound common case, costs one test.
-    if !comm.has_offload() {
-        return f(comm);
-    }
-    let all: Vec<(*const u8, usize)> = inputs
-        .iter()
-        .copied()
-        .chain(outputs.iter().map(|&(p, l)| (p as *const u8, l)))
-        .collect();
-    let Some(mut dev) = comm.take_offload(&all) else {
-        return f(comm);
-    };
-    let r = comm.rank();
-    let during = format!("{what}: staging device buffers");
-    // Outputs are copied out too: what the collective leaves alone must come back as it was.
-    let staged = (|| {
-        for &(p, len) in &all {
-            if len > 0 {
-                dev.download(p, len)?;
-            }
-        }
-        dev.sync()
-    })()
-    .map_err(err(r, &during));
-    let result = staged.and_then(|()| f(comm)).and_then(|v| {
-        (|| {
-            for &(p, len) in outputs {
-                if len > 0 {
-                    dev.upload(p, len)?;
-                }
-            }
-            dev.sync()
-        })()
-        .map_err(err(r, &during))?;
-        Ok(v)
-    });
-    comm.put_offload(dev);
-    result
-}
-
-/// Copies `len` bytes `src` → `dst` where the call's data lives: on the device when an
-/// attached offload mirrors both (waiting for the copy), else on the host.
-///
-/// # Safety
-/// Both ranges valid for `len` bytes and disjoint (or equal, which copies nothing).
-pub(crate) unsafe fn local_copy(
-    comm: &mut Communicator,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-    what: &str,
-) -> Result<(), CommError> {
-    if len == 0 || std::ptr::eq(dst as *const u8, src) {
-        return Ok(());
-    }
-    match comm.take_offload(&[(src, len), (dst as *const u8, len)]) {
-        Some(mut d) => {
-            let r = d.copy(dst, src, len, false).and_then(|_| d.sync());
-            comm.put_offload(d);
-            r.map_err(err(comm.rank(), what))
-        }
-        None => {
-            std::ptr::copy_nonoverlapping(src, dst, len);
-            Ok(())
-        }
-    }
-}
-
-/// Scratch memory beside the call's buffers: a mirrored buffer of the attached offload when
-/// it mirrors `near`, `None` (use the communicator's host scratch) otherwise.
-pub(crate) fn scratch_near(
-    comm: &mut Communicator,
-    bytes: usize,
-    near: &[(*const u8, usize)],
-    what: &str,
-) -> Result<Option<*mut u8>, CommError> {
-    let Some(mut d) = comm.take_offload(near) else {
-        return Ok(None);
-    };
-    let r = d.scratch(bytes);
-    comm.put_offload(d);
-    r.map(Some).map_err(err(comm.rank(), what))
-}
-
-/// `mulsum`'s premultiplied input on the device, when the offload mirrors `src`.
-pub(crate) fn premultiply_near(
-    comm: &mut Communicator,
-    src: *const u8,
-    elems: usize,
-    dtype: DataType,
-) -> Result<Option<*const u8>, CommError> {
-    let Some(mut d) = comm.take_offload(&[(src, elems * dtype.size())]) else {
-        return Ok(None);
-    };
-    let r = d.premultiply(src, elems, dtype, comm.rank());
-    comm.put_offload(d);
-    r.map(Some)
-        .map_err(err(comm.rank(), "mulsum premultiplication"))
 }
 
 #[cfg(test)]

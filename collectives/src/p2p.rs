@@ -10,7 +10,7 @@ use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
-use crate::offload;
+use crate::space::MemorySpace;
 use crate::workspace::scratch;
 use smallvec::SmallVec;
 
@@ -134,7 +134,8 @@ pub(crate) unsafe fn exchange(
         plan.links[l].messages += 1;
         plan.order[l].0.push(i);
     }
-    engine::run(comm, &mut plan, ReduceOp::Sum)
+    // Point-to-point groups move host memory only: device data is staged around them.
+    engine::run(comm, &mut plan, ReduceOp::Sum, &mut MemorySpace::Host)
 }
 
 /// AlltoAll: block j of every rank's input (`count` elements each) goes to rank j, landing
@@ -145,8 +146,9 @@ pub fn alltoall(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "alltoall", &inputs, &outputs, |comm| {
+    space.around(comm, "alltoall", &inputs, &outputs, |comm| {
         alltoall_host(comm, data, count, dtype)
     })
 }
@@ -161,8 +163,9 @@ pub fn alltoallv(
     send_bytes: &[usize],
     recv_bytes: &[usize],
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "alltoallv", &inputs, &outputs, |comm| {
+    space.around(comm, "alltoallv", &inputs, &outputs, |comm| {
         alltoallv_host(comm, data, send_bytes, recv_bytes)
     })
 }
@@ -261,8 +264,9 @@ pub fn scatter(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "scatter", &inputs, &outputs, |comm| {
+    space.around(comm, "scatter", &inputs, &outputs, |comm| {
         scatter_host(comm, data, count, dtype, root)
     })
 }
@@ -325,8 +329,9 @@ pub fn gather(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "gather", &inputs, &outputs, |comm| {
+    space.around(comm, "gather", &inputs, &outputs, |comm| {
         gather_host(comm, data, count, dtype, root)
     })
 }
@@ -386,8 +391,9 @@ pub fn sendrecv(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "sendrecv", &inputs, &outputs, |comm| {
+    space.around(comm, "sendrecv", &inputs, &outputs, |comm| {
         sendrecv_host(comm, data, count, dtype)
     })
 }
@@ -448,8 +454,9 @@ pub fn hypercube(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let (data, mut space) = data.split_space();
     let (inputs, outputs) = data.ranges();
-    offload::around(comm, "hypercube", &inputs, &outputs, |comm| {
+    space.around(comm, "hypercube", &inputs, &outputs, |comm| {
         hypercube_host(comm, data, count, dtype)
     })
 }

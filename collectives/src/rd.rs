@@ -23,7 +23,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
-use crate::offload;
+use crate::space::MemorySpace;
 use crate::with_dtype;
 use crate::workspace::premultiplied;
 use smallvec::SmallVec;
@@ -42,18 +42,20 @@ pub fn rd_all_reduce(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let bytes = bytes_of(count, dtype)?;
-    let b = data.bufs(comm.rank(), "rd_all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(comm.rank(), "rd_all_reduce", bytes, bytes, dtype, (0, 0))?;
     // Recursive doubling reduces on the host: device data is staged around it.
     let (inputs, outputs) = ([(b.src, bytes)], [(b.dst, bytes)]);
-    offload::around(comm, "rd_all_reduce", &inputs, &outputs, |comm| {
-        with_dtype!(dtype, T => {
-            // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
-            unsafe {
-                let src = premultiplied(comm, op, b.src as *const T, count)?;
-                rd_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
-            }
+    b.space
+        .around(comm, "rd_all_reduce", &inputs, &outputs, |comm| {
+            let host = &mut MemorySpace::Host;
+            with_dtype!(dtype, T => {
+                // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
+                unsafe {
+                    let src = premultiplied(comm, host, op, b.src as *const T, count)?;
+                    rd_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+                }
+            })
         })
-    })
 }
 
 /// Number of dependent hops recursive doubling takes on `n` ranks (for the cost model).
@@ -239,7 +241,7 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
             }
         }
     }
-    engine::run(comm, &mut plan, op)
+    engine::run(comm, &mut plan, op, &mut MemorySpace::Host)
 }
 
 #[cfg(test)]

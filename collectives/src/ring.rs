@@ -27,7 +27,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
-use crate::offload;
+use crate::space::MemorySpace;
 use crate::with_dtype;
 use crate::workspace::{premultiplied, scratch};
 
@@ -41,12 +41,13 @@ pub fn all_reduce(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let bytes = bytes_of(count, dtype)?;
-    let b = data.bufs(comm.rank(), "all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(comm.rank(), "all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
         unsafe {
-            let src = premultiplied(comm, op, b.src as *const T, count)?;
-            all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+            let src = premultiplied(comm, space, op, b.src as *const T, count)?;
+            all_reduce_raw::<T>(comm, space, src, b.dst as *mut T, count, op)
         }
     })
 }
@@ -63,7 +64,7 @@ pub fn reduce_scatter(
     let n = comm.size();
     let rb = bytes_of(recv_count, dtype)?;
     let sb = bytes_of(recv_count * n, dtype)?;
-    let b = data.bufs(
+    let mut b = data.bufs(
         comm.rank(),
         "reduce_scatter",
         sb,
@@ -71,11 +72,12 @@ pub fn reduce_scatter(
         dtype,
         (0, comm.rank() * rb),
     )?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: as in all_reduce.
         unsafe {
-            let src = premultiplied(comm, op, b.src as *const T, recv_count * n)?;
-            reduce_scatter_raw::<T>(comm, src, b.dst as *mut T, recv_count, op)
+            let src = premultiplied(comm, space, op, b.src as *const T, recv_count * n)?;
+            reduce_scatter_raw::<T>(comm, space, src, b.dst as *mut T, recv_count, op)
         }
     })
 }
@@ -91,7 +93,7 @@ pub fn all_gather(
     let n = comm.size();
     let sb = bytes_of(send_count, dtype)?;
     let rb = bytes_of(send_count * n, dtype)?;
-    let b = data.bufs(
+    let mut b = data.bufs(
         comm.rank(),
         "all_gather",
         sb,
@@ -99,9 +101,10 @@ pub fn all_gather(
         dtype,
         (comm.rank() * sb, 0),
     )?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: as in all_reduce.
-        unsafe { all_gather_raw::<T>(comm, b.src as *const T, b.dst as *mut T, send_count) }
+        unsafe { all_gather_raw::<T>(comm, space, b.src as *const T, b.dst as *mut T, send_count) }
     })
 }
 
@@ -287,6 +290,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
 /// must not make two in-flight requests write the same memory.
 pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     plan: &P,
     ch: &Chunks,
     op: ReduceOp,
@@ -337,7 +341,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
         released: 0,
         _t: std::marker::PhantomData,
     };
-    engine::run(comm, &mut run, op)
+    engine::run(comm, &mut run, op, space)
 }
 
 struct AllReducePlan<T> {
@@ -403,6 +407,7 @@ impl<T> RingPlan<T> for AllReducePlan<T> {
 /// `src` and `dst` valid for `count` elements (possibly equal: in place).
 pub(crate) unsafe fn all_reduce_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     count: usize,
@@ -412,7 +417,8 @@ pub(crate) unsafe fn all_reduce_raw<T: Element>(
     if n == 1 || count == 0 {
         comm.next_tag();
         let bytes = count * std::mem::size_of::<T>();
-        return offload::local_copy(comm, dst as *mut u8, src as *const u8, bytes, "all_reduce");
+        let r = comm.rank();
+        return space.copy(r, dst as *mut u8, src as *const u8, bytes, "all_reduce");
     }
     let ch = Chunks {
         base: count / n,
@@ -426,7 +432,7 @@ pub(crate) unsafe fn all_reduce_raw<T: Element>(
         dst,
         count,
     };
-    run_ring(comm, &plan, &ch, op, 0, "all_reduce")
+    run_ring(comm, space, &plan, &ch, op, 0, "all_reduce")
 }
 
 struct ReduceScatterPlan<T> {
@@ -494,6 +500,7 @@ impl<T> RingPlan<T> for ReduceScatterPlan<T> {
 /// `src` valid for `n × rc` elements, `dst` for `rc` (in place: `dst == src + rank × rc`).
 pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     rc: usize,
@@ -505,14 +512,10 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
         comm.next_tag();
         let mine = src.add(r * rc) as *const u8;
         let bytes = rc * std::mem::size_of::<T>();
-        return offload::local_copy(comm, dst as *mut u8, mine, bytes, "reduce_scatter");
+        return space.copy(r, dst as *mut u8, mine, bytes, "reduce_scatter");
     }
     let esize = std::mem::size_of::<T>();
-    let near = [
-        (src as *const u8, n * rc * esize),
-        (dst as *const u8, rc * esize),
-    ];
-    let acc = match offload::scratch_near(comm, n * rc * esize, &near, "reduce_scatter")? {
+    let acc = match space.scratch(r, n * rc * esize, "reduce_scatter")? {
         Some(p) => p as *mut T,
         None => scratch::<T>(comm, n * rc)?,
     };
@@ -529,7 +532,7 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
         dst,
         acc,
     };
-    run_ring(comm, &plan, &ch, op, 0, "reduce_scatter")
+    run_ring(comm, space, &plan, &ch, op, 0, "reduce_scatter")
 }
 
 struct AllGatherPlan<T> {
@@ -577,6 +580,7 @@ impl<T> RingPlan<T> for AllGatherPlan<T> {
 /// `src` valid for `sc` elements, `dst` for `n × sc` (in place: `src == dst + rank × sc`).
 pub(crate) unsafe fn all_gather_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     sc: usize,
@@ -585,7 +589,7 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
     let r = comm.rank();
     let mine = dst.add(r * sc);
     let bytes = sc * std::mem::size_of::<T>();
-    offload::local_copy(comm, mine as *mut u8, src as *const u8, bytes, "all_gather")?;
+    space.copy(r, mine as *mut u8, src as *const u8, bytes, "all_gather")?;
     if n == 1 || sc == 0 {
         comm.next_tag();
         return Ok(());
@@ -596,7 +600,7 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
         seg: pipeline_segment::<T>(comm, sc),
     };
     let plan = AllGatherPlan { n, r, sc, dst };
-    run_ring(comm, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
+    run_ring(comm, space, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
 }
 
 /// AllReduce a few control values (timings, error counts) over the same connections, so the
@@ -615,7 +619,7 @@ pub fn all_reduce_values<T: Element>(
             std::mem::size_of_val(values),
         )
     };
-    crate::rd::rd_all_reduce(comm, Data::InPlace(bytes), count, T::DTYPE, op)
+    crate::rd::rd_all_reduce(comm, Data::in_place(bytes), count, T::DTYPE, op)
 }
 
 /// A barrier: returns once every rank has entered it.

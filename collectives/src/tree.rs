@@ -39,7 +39,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
-use crate::offload;
+use crate::space::MemorySpace;
 use crate::with_dtype;
 use crate::workspace::premultiplied;
 
@@ -267,12 +267,13 @@ pub fn tree_all_reduce(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let bytes = bytes_of(count, dtype)?;
-    let b = data.bufs(comm.rank(), "tree_all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(comm.rank(), "tree_all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let space = &mut b.space;
     with_dtype!(dtype, T => {
         // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
         unsafe {
-            let src = premultiplied(comm, op, b.src as *const T, count)?;
-            tree_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+            let src = premultiplied(comm, space, op, b.src as *const T, count)?;
+            tree_all_reduce_raw::<T>(comm, space, src, b.dst as *mut T, count, op)
         }
     })
 }
@@ -437,6 +438,7 @@ impl<T> Plan<T> for TreePlan<T> {
 /// `src` and `dst` valid for `count` elements (possibly equal: in place).
 pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     src: *const T,
     dst: *mut T,
     count: usize,
@@ -446,8 +448,8 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     if n == 1 || count == 0 {
         comm.next_tag();
         let bytes = count * std::mem::size_of::<T>();
-        return offload::local_copy(
-            comm,
+        return space.copy(
+            r,
             dst as *mut u8,
             src as *const u8,
             bytes,
@@ -516,7 +518,7 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             reduced: vec![0; chunks],
         });
     }
-    engine::run(comm, &mut plan, op)
+    engine::run(comm, &mut plan, op, space)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use crate::communicator::Communicator;
 use crate::dtype::ReduceOp;
 use crate::element::{scale_into, Element};
 use crate::error::CommError;
-use crate::offload;
+use crate::space::MemorySpace;
 
 /// Grows the communicator's staging area (received segments waiting to be reduced) to
 /// `elems` elements and returns it.
@@ -34,13 +34,15 @@ fn grow<T>(
     Ok(buf.as_mut_slice().as_mut_ptr() as *mut T)
 }
 
-/// For `mulsum`, this rank's input times its scalar, in a buffer of the communicator's;
-/// the algorithms then simply sum. Other ops use the input as is.
+/// For `mulsum`, this rank's input times its scalar, in a buffer of the communicator's (of
+/// the device's, for device data); the algorithms then simply sum. Other ops use the input
+/// as is.
 ///
 /// # Safety
 /// `src` valid for `elems` elements.
 pub(crate) unsafe fn premultiplied<T: Element>(
     comm: &mut Communicator,
+    space: &mut MemorySpace,
     op: ReduceOp,
     src: *const T,
     elems: usize,
@@ -48,7 +50,7 @@ pub(crate) unsafe fn premultiplied<T: Element>(
     if op != ReduceOp::MulSum || elems == 0 {
         return Ok(src);
     }
-    if let Some(p) = offload::premultiply_near(comm, src as *const u8, elems, T::DTYPE)? {
+    if let Some(p) = space.premultiply(comm.rank(), src as *const u8, elems, T::DTYPE)? {
         return Ok(p as *const T);
     }
     let bytes = elems * std::mem::size_of::<T>();

@@ -38,14 +38,11 @@ fn run_case(
         fill_expected(dtype, op, want.as_mut_slice(), seed, 0, n);
         if in_place {
             recv.as_mut_slice().copy_from_slice(send.as_slice());
-            all_reduce(comm, Data::InPlace(recv.as_mut_slice()), count, dtype, op).unwrap();
+            all_reduce(comm, Data::in_place(recv.as_mut_slice()), count, dtype, op).unwrap();
         } else {
             all_reduce(
                 comm,
-                Data::OutOfPlace {
-                    send: send.as_slice(),
-                    recv: recv.as_mut_slice(),
-                },
+                Data::out_of_place(send.as_slice(), recv.as_mut_slice()),
                 count,
                 dtype,
                 op,
@@ -139,10 +136,7 @@ fn validation_catches_a_flipped_bit() {
         }
         all_reduce(
             comm,
-            Data::OutOfPlace {
-                send: send.as_slice(),
-                recv: recv.as_mut_slice(),
-            },
+            Data::out_of_place(send.as_slice(), recv.as_mut_slice()),
             count,
             dtype,
             op,
@@ -167,7 +161,7 @@ fn missing_peer_times_out_naming_it() {
         let mut buf = vec![0u8; 4096];
         all_reduce(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             1024,
             DataType::Float32,
             ReduceOp::Sum,
@@ -199,7 +193,7 @@ fn abort_flag_stops_waiting_ranks() {
         let mut buf = vec![0u8; 64];
         all_reduce(
             &mut c0,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             16,
             DataType::Float32,
             ReduceOp::Sum,

@@ -7,7 +7,7 @@ use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
     all_gather, all_reduce, alltoall, broadcast, gather, hypercube, rd_all_reduce, reduce,
     reduce_scatter, scatter, sendrecv, tree_all_reduce, CommConfig, CommError, Communicator, Data,
-    DataType, Mirror, ReduceOp,
+    DataType, MemorySpace, Mirror, ReduceOp,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -254,9 +254,8 @@ fn run_on_device(comm: &mut Communicator, c: &Case, input: &[u8], device: Dev) -
         let mut buf = init.clone();
         let m = mirror(&mut sim, &mut buf, &init);
         sim.set_mirrors(vec![m]).unwrap();
-        comm.set_offload(Some(Box::new(sim)));
-        call(comm, c, Data::InPlace(&mut buf)).unwrap();
-        let mut sim = take_sim(comm);
+        let d = Data::in_place(&mut buf).on(MemorySpace::Device(&mut sim));
+        call(comm, c, d).unwrap();
         let mut got = Bytes::zeroed(m.len);
         got.copy_from_slice(&sim.read(m.device, m.len).unwrap());
         (got, sim.counts())
@@ -265,13 +264,8 @@ fn run_on_device(comm: &mut Communicator, c: &Case, input: &[u8], device: Dev) -
         let ms = mirror(&mut sim, &mut send, input);
         let mr = mirror(&mut sim, &mut recv, &Bytes::zeroed(out * ts));
         sim.set_mirrors(vec![ms, mr]).unwrap();
-        comm.set_offload(Some(Box::new(sim)));
-        let d = Data::OutOfPlace {
-            send: &send,
-            recv: &mut recv,
-        };
+        let d = Data::out_of_place(&send, &mut recv).on(MemorySpace::Device(&mut sim));
         call(comm, c, d).unwrap();
-        let mut sim = take_sim(comm);
         assert_eq!(
             sim.read(ms.device, ms.len).unwrap(),
             input,
@@ -281,13 +275,6 @@ fn run_on_device(comm: &mut Communicator, c: &Case, input: &[u8], device: Dev) -
         got.copy_from_slice(&sim.read(mr.device, mr.len).unwrap());
         (got, sim.counts())
     }
-}
-
-fn take_sim(comm: &mut Communicator) -> Box<SimDevice> {
-    let back = comm.set_offload(None).expect("the offload comes back");
-    back.into_any()
-        .downcast::<SimDevice>()
-        .expect("a SimDevice")
 }
 
 fn run_case_on(
@@ -318,21 +305,13 @@ fn run_case_on(
         let got = if c.in_place {
             let mut buf = Bytes::zeroed(inp.max(out) * ts);
             buf[in_off * ts..(in_off + inp) * ts].copy_from_slice(&inputs[r]);
-            call(comm, &c, Data::InPlace(&mut buf)).unwrap();
+            call(comm, &c, Data::in_place(&mut buf)).unwrap();
             buf
         } else {
             let mut send = Bytes::zeroed(inp * ts);
             send.copy_from_slice(&inputs[r]);
             let mut recv = Bytes::zeroed(out * ts);
-            call(
-                comm,
-                &c,
-                Data::OutOfPlace {
-                    send: &send,
-                    recv: &mut recv,
-                },
-            )
-            .unwrap();
+            call(comm, &c, Data::out_of_place(&send, &mut recv)).unwrap();
             assert_eq!(
                 &send[..],
                 &inputs[r][..],
@@ -542,12 +521,70 @@ fn reference_detects_a_wrong_block() {
     assert_eq!(count_wrong(c.dtype, c.op, &swapped, &e), 10);
 }
 
+/// Data said to be on a device must be the device's twins: a buffer outside its mirrors is
+/// refused with a message that says so, by the executor's collectives and by the ones staged
+/// around (the space is stated, never guessed from addresses), and nothing is moved.
+#[test]
+fn device_data_outside_the_mirrors_is_refused() {
+    let comms = thread_world(2, ThreadTransport::Inproc, CommConfig::default()).unwrap();
+    let errs = run_threads(comms, |comm| {
+        let mut sim = SimDevice::new(Duration::ZERO, 1);
+        let mut twin = vec![0u8; 64];
+        let dev = sim.alloc(twin.len()).unwrap();
+        sim.set_mirrors(vec![Mirror {
+            host: twin.as_mut_ptr(),
+            device: dev,
+            len: twin.len(),
+        }])
+        .unwrap();
+        let mut stray = vec![7u8; 64];
+        let ring = all_reduce(
+            comm,
+            Data::in_place(&mut stray).on(MemorySpace::Device(&mut sim)),
+            16,
+            DataType::Float32,
+            ReduceOp::Sum,
+        );
+        let p2p = sendrecv(
+            comm,
+            Data::in_place(&mut stray).on(MemorySpace::Device(&mut sim)),
+            16,
+            DataType::Float32,
+        );
+        let moved = sim.counts();
+        (
+            ring.unwrap_err().to_string(),
+            p2p.unwrap_err().to_string(),
+            stray.iter().all(|&b| b == 7),
+            moved,
+        )
+    });
+    for (ring, p2p, untouched, counts) in errs {
+        for e in [&ring, &p2p] {
+            assert!(
+                e.contains("on a device") && e.contains("no device twin"),
+                "{e}"
+            );
+        }
+        assert!(
+            ring.contains("all_reduce") && p2p.contains("sendrecv"),
+            "{ring} / {p2p}"
+        );
+        assert!(untouched, "a refused call must not touch the buffer");
+        assert_eq!(
+            counts.downloads + counts.uploads + counts.copies,
+            0,
+            "nothing was staged: {counts:?}"
+        );
+    }
+}
+
 #[test]
 fn hypercube_rejects_non_power_of_two() {
     let comms = thread_world(3, ThreadTransport::Inproc, CommConfig::default()).unwrap();
     let errs = run_threads(comms, |comm| {
         let mut b = vec![0u8; 12];
-        hypercube(comm, Data::InPlace(&mut b), 1, DataType::Int32)
+        hypercube(comm, Data::in_place(&mut b), 1, DataType::Int32)
             .unwrap_err()
             .to_string()
     });
@@ -578,12 +615,9 @@ fn alltoallv_moves_every_irregular_block() {
                 let mut recv = vec![0xeeu8; rtotal.max(send.len())];
                 let res = if in_place {
                     recv[..send.len()].copy_from_slice(&send);
-                    alltoallv(comm, Data::InPlace(&mut recv), &sends, &recvs)
+                    alltoallv(comm, Data::in_place(&mut recv), &sends, &recvs)
                 } else {
-                    let d = Data::OutOfPlace {
-                        send: &send,
-                        recv: &mut recv,
-                    };
+                    let d = Data::out_of_place(&send, &mut recv);
                     alltoallv(comm, d, &sends, &recvs)
                 };
                 res.map(|()| (r, recvs, recv))

@@ -45,14 +45,11 @@ fn run(
         fill_expected(dtype, op, want.as_mut_slice(), seed, 0, n);
         if in_place {
             recv.as_mut_slice().copy_from_slice(send.as_slice());
-            f(comm, Data::InPlace(recv.as_mut_slice()), count, dtype, op).unwrap();
+            f(comm, Data::in_place(recv.as_mut_slice()), count, dtype, op).unwrap();
         } else {
             f(
                 comm,
-                Data::OutOfPlace {
-                    send: send.as_slice(),
-                    recv: recv.as_mut_slice(),
-                },
+                Data::out_of_place(send.as_slice(), recv.as_mut_slice()),
                 count,
                 dtype,
                 op,
@@ -137,7 +134,7 @@ fn auto_picks_rd_for_short_messages() {
         let mut buf = vec![0u8; 64];
         all_reduce_with(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             16,
             DataType::Float32,
             ReduceOp::Sum,
@@ -162,7 +159,7 @@ fn missing_partner_times_out_naming_it() {
         let mut buf = vec![0u8; 64];
         rd_all_reduce(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             16,
             DataType::Float32,
             ReduceOp::Sum,

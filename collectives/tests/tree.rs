@@ -50,14 +50,11 @@ fn run_outputs(
     };
     if in_place {
         recv.as_mut_slice().copy_from_slice(send.as_slice());
-        f(comm, Data::InPlace(recv.as_mut_slice()), count, dtype, op).unwrap();
+        f(comm, Data::in_place(recv.as_mut_slice()), count, dtype, op).unwrap();
     } else {
         f(
             comm,
-            Data::OutOfPlace {
-                send: send.as_slice(),
-                recv: recv.as_mut_slice(),
-            },
+            Data::out_of_place(send.as_slice(), recv.as_mut_slice()),
             count,
             dtype,
             op,
@@ -259,7 +256,7 @@ fn calibration_gives_every_rank_the_same_choices() {
                 );
                 let algo = all_reduce_with(
                     comm,
-                    Data::InPlace(buf.as_mut_slice()),
+                    Data::in_place(buf.as_mut_slice()),
                     count,
                     DataType::Float32,
                     ReduceOp::Sum,
@@ -310,7 +307,7 @@ fn explicit_algorithms_and_auto_without_a_model() {
             ran.push(
                 all_reduce_with(
                     comm,
-                    Data::InPlace(&mut buf),
+                    Data::in_place(&mut buf),
                     100,
                     DataType::Int32,
                     ReduceOp::Sum,
@@ -322,7 +319,7 @@ fn explicit_algorithms_and_auto_without_a_model() {
         }
         let err = all_reduce_with(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             100,
             DataType::Int32,
             ReduceOp::Sum,
@@ -355,7 +352,7 @@ fn missing_peer_times_out_naming_it() {
         let mut buf = vec![0u8; 1 << 16];
         tree_all_reduce(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             1 << 14,
             DataType::Float32,
             ReduceOp::Sum,
@@ -389,7 +386,7 @@ fn stalled_peer_times_out_naming_it() {
         // One good call connects everything; then rank 3 stops taking part.
         tree_all_reduce(
             comm,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             16 << 10,
             DataType::Float32,
             ReduceOp::Sum,
@@ -402,7 +399,7 @@ fn stalled_peer_times_out_naming_it() {
             Some(
                 tree_all_reduce(
                     comm,
-                    Data::InPlace(&mut buf),
+                    Data::in_place(&mut buf),
                     16 << 10,
                     DataType::Float32,
                     ReduceOp::Sum,
@@ -441,7 +438,7 @@ fn abort_flag_stops_waiting_ranks() {
         let mut buf = vec![0u8; 64];
         tree_all_reduce(
             &mut c0,
-            Data::InPlace(&mut buf),
+            Data::in_place(&mut buf),
             16,
             DataType::Float32,
             ReduceOp::Sum,

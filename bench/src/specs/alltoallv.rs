@@ -8,7 +8,7 @@
 use super::data::{nil, rank_seed};
 use super::{Buf, CollectiveSpec, Counts, DataCtx, Redop};
 use busbw_collectives as coll;
-use busbw_collectives::{Data, DataType};
+use busbw_collectives::DataType;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -269,18 +269,10 @@ pub static ALLTOALLV: CollectiveSpec = CollectiveSpec {
     checked,
     // nccl-tests runs in place without checking it (its alltoallv has no in-place form).
     checks_in_place: false,
-    run: |comm, send, recv, ctx| {
-        let c = ctx.counts;
-        let t = total(c.count, ctx.dtype, ctx.nranks);
+    run: |comm, send, recv, space, ctx| {
+        let d = super::data(ctx, send, recv, space);
+        let t = total(ctx.counts.count, ctx.dtype, ctx.nranks);
         let (sends, recvs) = cfg().row_col(ctx.rank, ctx.nranks, t);
-        let d = if ctx.in_place {
-            Data::InPlace(&mut recv[..c.size()])
-        } else {
-            Data::OutOfPlace {
-                send: &send[..c.send_bytes],
-                recv: &mut recv[..c.recv_bytes],
-            }
-        };
         coll::alltoallv(comm, d, &sends, &recvs)
     },
     skip: |_| None,

@@ -4,9 +4,9 @@
 //! sequence with per-rank seeds or global indices so that a misplaced block is detected.
 
 use super::data::{nil, per_rank, rank_seed};
-use super::{Buf, CollectiveSpec, Counts, DataCtx, Fill, Gen, Redop};
+use super::{data, Buf, CollectiveSpec, Counts, DataCtx, Fill, Gen, Redop};
 use busbw_collectives as coll;
-use busbw_collectives::{CommError, Communicator, Data, DataType};
+use busbw_collectives::{CommError, Communicator, DataType};
 use std::ops::Range;
 
 pub static ALL: [&CollectiveSpec; 11] = [
@@ -65,18 +65,6 @@ fn input(ctx: &DataCtx, offset: usize) -> (Buf, usize) {
     }
 }
 
-fn data<'a>(ctx: &DataCtx, send: &'a [u8], recv: &'a mut [u8]) -> Data<'a> {
-    let c = ctx.counts;
-    if ctx.in_place {
-        Data::InPlace(&mut recv[..c.size()])
-    } else {
-        Data::OutOfPlace {
-            send: &send[..c.send_bytes],
-            recv: &mut recv[..c.recv_bytes],
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------- all_reduce
 
 pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
@@ -96,8 +84,8 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        let d = data(ctx, send, recv);
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
         coll::algo::all_reduce_with(
             comm,
             d,
@@ -147,8 +135,9 @@ pub static ALL_GATHER: CollectiveSpec = CollectiveSpec {
     init: init_gathered,
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::all_gather(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::all_gather(comm, d, ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -174,14 +163,9 @@ pub static BROADCAST: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::broadcast(
-            comm,
-            data(ctx, send, recv),
-            ctx.counts.count,
-            ctx.dtype,
-            ctx.root,
-        )
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::broadcast(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -225,14 +209,9 @@ pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
     },
     checked: own_block,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::reduce_scatter(
-            comm,
-            data(ctx, send, recv),
-            ctx.counts.count,
-            ctx.dtype,
-            ctx.op,
-        )
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::reduce_scatter(comm, d, ctx.counts.count, ctx.dtype, ctx.op)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -264,15 +243,9 @@ pub static REDUCE: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::reduce(
-            comm,
-            data(ctx, send, recv),
-            ctx.counts.count,
-            ctx.dtype,
-            ctx.op,
-            ctx.root,
-        )
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::reduce(comm, d, ctx.counts.count, ctx.dtype, ctx.op, ctx.root)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -319,8 +292,9 @@ pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: false,
-    run: |comm, send, recv, ctx| {
-        coll::alltoall(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::alltoall(comm, d, ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -353,14 +327,9 @@ pub static SCATTER: CollectiveSpec = CollectiveSpec {
     },
     checked: own_block,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::scatter(
-            comm,
-            data(ctx, send, recv),
-            ctx.counts.count,
-            ctx.dtype,
-            ctx.root,
-        )
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::scatter(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -399,14 +368,9 @@ pub static GATHER: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::gather(
-            comm,
-            data(ctx, send, recv),
-            ctx.counts.count,
-            ctx.dtype,
-            ctx.root,
-        )
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::gather(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -431,8 +395,9 @@ pub static SENDRECV: CollectiveSpec = CollectiveSpec {
     },
     checked: all_checked,
     checks_in_place: true,
-    run: |comm, send, recv, ctx| {
-        coll::sendrecv(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    run: |comm, send, recv, space, ctx| {
+        let d = data(ctx, send, recv, space);
+        coll::sendrecv(comm, d, ctx.counts.count, ctx.dtype)
     },
     skip: no_skip,
     comments: super::no_comments,
@@ -452,8 +417,13 @@ pub static HYPERCUBE: CollectiveSpec = CollectiveSpec {
     init: init_gathered,
     checked: all_checked,
     checks_in_place: true,
-    run: |comm: &mut Communicator, send, recv, ctx| -> Result<(), CommError> {
-        coll::hypercube(comm, data(ctx, send, recv), ctx.counts.count, ctx.dtype)
+    run: |comm: &mut Communicator, send, recv, space, ctx| -> Result<(), CommError> {
+        coll::hypercube(
+            comm,
+            data(ctx, send, recv, space),
+            ctx.counts.count,
+            ctx.dtype,
+        )
     },
     skip: |n| (!n.is_power_of_two()).then(|| format!("nRanks {n} is not a power of 2, skipping")),
     comments: super::no_comments,

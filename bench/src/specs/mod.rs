@@ -8,7 +8,7 @@ mod descriptors;
 
 use busbw_collectives::algo::{Algo, CostModel};
 use busbw_collectives::verifiable::{fill_expected, fill_input};
-use busbw_collectives::{CommError, Communicator, DataType, ReduceOp};
+use busbw_collectives::{CommError, Communicator, Data, DataType, MemorySpace, ReduceOp};
 use std::ops::Range;
 
 pub use descriptors::ALL;
@@ -138,13 +138,32 @@ impl Fill for HostFill<'_> {
     }
 }
 
-/// Runs the collective once; `send` is ignored in place.
-pub type RunFn = fn(
+/// Runs the collective once on `send` and `recv` in `space` (see [`data`]); `send` is
+/// ignored in place.
+pub type RunFn = for<'a> fn(
     comm: &mut Communicator,
-    send: &[u8],
-    recv: &mut [u8],
+    send: &'a [u8],
+    recv: &'a mut [u8],
+    space: MemorySpace<'a>,
     ctx: &DataCtx,
 ) -> Result<(), CommError>;
+
+/// A placement's buffers for its collective, in `space`: the receive buffer alone in place
+/// (`send` is ignored), else both, each cut to the sizes the row uses.
+pub fn data<'a>(
+    ctx: &DataCtx,
+    send: &'a [u8],
+    recv: &'a mut [u8],
+    space: MemorySpace<'a>,
+) -> Data<'a> {
+    let c = ctx.counts;
+    let d = if ctx.in_place {
+        Data::in_place(&mut recv[..c.size()])
+    } else {
+        Data::out_of_place(&send[..c.send_bytes], &mut recv[..c.recv_bytes])
+    };
+    d.on(space)
+}
 
 /// What the `redop` column shows and whether `-o` is looped over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -223,10 +223,6 @@ impl CudaOffload {
 }
 
 impl Offload for CudaOffload {
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
-        self
-    }
-
     fn mirrors(&self) -> &[Mirror] {
         &self.all
     }

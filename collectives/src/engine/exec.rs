@@ -1,20 +1,19 @@
 //! The executor: one progress loop for every plan.
 
 use super::links::Conns;
-use super::space::{Failed, Space};
 use super::{Arrival, Dir, Key, Link, Plan, Progress};
 use crate::communicator::{Communicator, Waiter};
 use crate::data::Regs;
 use crate::dtype::ReduceOp;
 use crate::element::{Element, PAR_MIN_BYTES};
 use crate::error::CommError;
-use crate::offload::{self, Offload, Ticket};
+use crate::offload::Ticket;
+use crate::space::{Failed, MemorySpace, Space};
 use crate::workspace::staging;
 use busbw_transports::{RequestId, Sleep};
-use smallvec::SmallVec;
 
-/// Run `plan` to completion over the communicator's connections, in the memory space of the
-/// attached device when that device holds the plan's memory, else on the host.
+/// Run `plan` to completion over the communicator's connections, in the memory `space` the
+/// call's data lives in.
 ///
 /// # Safety
 /// Every pointer the plan hands out must be valid for the message it describes, and the plan
@@ -23,22 +22,14 @@ pub(crate) unsafe fn run<T: Element, P: Plan<T>>(
     comm: &mut Communicator,
     plan: &mut P,
     op: ReduceOp,
+    space: &mut MemorySpace,
 ) -> Result<(), CommError> {
     let tag = comm.next_tag();
-    let esize = std::mem::size_of::<T>();
-    // Host memory (the common case, and latency-bound at small sizes) allocates nothing here.
-    let mut dev = if comm.has_offload() {
-        let ranges: SmallVec<[(*const u8, usize); 4]> = plan
-            .regions()
-            .iter()
-            .map(|&(p, e)| (p as *const u8, e * esize))
-            .collect();
-        comm.take_offload(&ranges)
-    } else {
-        None
-    };
-    let result = run_in(comm, plan, op, tag, dev.as_deref_mut());
-    offload::finish(comm, dev, result, plan.name())
+    let mut scratch = comm.engine.take().unwrap_or_default();
+    let result = run_with(comm, plan, op, tag, space, &mut scratch);
+    scratch.clear();
+    comm.engine = Some(scratch);
+    space.finish(comm.rank(), result, plan.name())
 }
 
 /// The executor's bookkeeping, kept by the communicator between calls: once warm a call
@@ -72,27 +63,12 @@ impl Scratch {
     }
 }
 
-/// [`run`] with the device, if any, already taken from the communicator.
-unsafe fn run_in<T: Element, P: Plan<T>>(
-    comm: &mut Communicator,
-    plan: &mut P,
-    op: ReduceOp,
-    tag: u32,
-    dev: Option<&mut (dyn Offload + 'static)>,
-) -> Result<(), CommError> {
-    let mut scratch = comm.engine.take().unwrap_or_default();
-    let result = run_with(comm, plan, op, tag, dev, &mut scratch);
-    scratch.clear();
-    comm.engine = Some(scratch);
-    result
-}
-
 unsafe fn run_with<T: Element, P: Plan<T>>(
     comm: &mut Communicator,
     plan: &mut P,
     op: ReduceOp,
     tag: u32,
-    mut dev: Option<&mut (dyn Offload + 'static)>,
+    space: &mut MemorySpace,
     scratch: &mut Scratch,
 ) -> Result<(), CommError> {
     let Scratch {
@@ -122,25 +98,21 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
     let slot = plan.slot_elems();
     // (At least one slot's worth, so that the staging region is never empty.)
     let stage_elems = slots.max(1) * slot;
-    let (stage, direct) = offload::prepare(
+    // The pool splits only big reductions; smaller calls skip its reference count.
+    let pool = if slot * std::mem::size_of::<T>() >= PAR_MIN_BYTES {
+        comm.reduce_pool()
+    } else {
+        None
+    };
+    let (mut space, stage) = space.resolve(
         comm,
-        dev.as_deref_mut(),
         &plan.regions(),
         stage_elems,
+        pool,
         |comm| staging::<T>(comm, stage_elems),
         plan.name(),
         regs,
     )?;
-    let mut space = match dev {
-        // The pool splits only big reductions; smaller calls skip its reference count.
-        None if slot * std::mem::size_of::<T>() >= PAR_MIN_BYTES => Space::Host(comm.reduce_pool()),
-        None => Space::Host(None),
-        Some(d) if direct => {
-            let mirrors = d.mirrors().to_vec();
-            Space::Direct(d, mirrors)
-        }
-        Some(d) => Space::Staged(d),
-    };
     while states.len() < links.len() {
         states.push(State::default());
     }

@@ -5,11 +5,11 @@
 //! forwards; a broadcast's receive into a buffer waits for the send that read it), where a
 //! received message lands and what becomes of it (kept as it landed, or reduced into an
 //! output). [`run`] does everything else, once: it opens the connections it lacks and borrows
-//! them in place (nothing to hand back on any exit path), allocates the staging slots and registers memory, posts within the
-//! in-flight window, tests completions in order, checks lengths, runs reductions in the
-//! call's memory [`space`] (host, a device staged through pinned twins, or a device the
-//! transport moves directly), waits and sleeps without burning a core, enforces the
-//! timeout, and words every error with the peer it names.
+//! them in place (nothing to hand back on any exit path), allocates the staging slots and
+//! registers memory, posts within the in-flight window, tests completions in order, checks
+//! lengths, runs reductions in the call's memory [space](crate::space) (host, a device staged
+//! through pinned twins, or a device the transport moves directly), waits and sleeps without
+//! burning a core, enforces the timeout, and words every error with the peer it names.
 //!
 //! Messages on one connection complete in posting order and both ends walk the same plan,
 //! so every receive is posted for exactly the message that will fill it; the per-call tag
@@ -17,7 +17,6 @@
 
 mod exec;
 mod links;
-mod space;
 
 use smallvec::SmallVec;
 

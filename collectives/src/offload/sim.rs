@@ -307,10 +307,6 @@ impl SimDevice {
 }
 
 impl Offload for SimDevice {
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
-        self
-    }
-
     fn mirrors(&self) -> &[Mirror] {
         &self.all
     }

@@ -1,10 +1,11 @@
-//! Where a call's data lives, and what that means for each message.
+//! A call's resolved space and what it means for each message.
 //!
 //! Plans hand out host addresses (a device's page-locked twins when the data is on a
 //! device); the space decides what each message costs beyond the transport: nothing on the
 //! host, copies between device and twin on a staged device, address translation on a device
 //! the transport moves itself (GPUDirect RDMA). Reductions run where the data is.
 
+use super::err;
 use crate::dtype::ReduceOp;
 use crate::element::{finish_avg, reduce_inplace_par, reduce_into_par, Element};
 use crate::error::CommError;
@@ -16,10 +17,10 @@ pub(crate) enum Space<'d> {
     Host(Option<Arc<rayon::ThreadPool>>),
     /// A device whose twins the transport moves: own input is fetched before it is sent,
     /// reductions run on the device (and come back only to travel on), landed data goes up.
-    Staged(&'d mut (dyn Offload + 'static)),
+    Staged(&'d mut dyn Offload),
     /// A device whose memory the transport moves: plans' twin addresses stand for their
     /// device twins, reductions run on device addresses, nothing is copied.
-    Direct(&'d mut (dyn Offload + 'static), Vec<Mirror>),
+    Direct(&'d mut dyn Offload, Vec<Mirror>),
 }
 
 /// A space's failure in a call's words.
@@ -30,7 +31,7 @@ pub(crate) struct Failed<'a> {
 
 impl Failed<'_> {
     fn err(&self, cause: OffloadError) -> CommError {
-        offload::err(self.rank, self.name)(cause)
+        err(self.rank, self.name)(cause)
     }
 }
 
