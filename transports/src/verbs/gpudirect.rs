@@ -10,7 +10,7 @@
 //! the call reached a kernel that would have looked at the descriptor.
 //!
 //! Everything here is pure over a sysfs root and the probe's errno, so the decisions are
-//! tested without a NIC or a GPU; `ib.rs` only supplies the errno.
+//! tested without a NIC or a GPU; `ib` only supplies the errno.
 
 use crate::{DmaBuf, MemRegion, MemoryKind, TransportError};
 use std::path::Path;
