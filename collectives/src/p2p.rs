@@ -10,7 +10,7 @@ use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
 use crate::error::CommError;
-use crate::space::MemorySpace;
+use crate::space::{host_only, MemorySpace};
 use crate::workspace::scratch;
 use smallvec::SmallVec;
 
@@ -146,9 +146,7 @@ pub fn alltoall(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "alltoall", &inputs, &outputs, |comm| {
+    host_only(comm, data, "alltoall", |comm, data| {
         alltoall_host(comm, data, count, dtype)
     })
 }
@@ -163,9 +161,7 @@ pub fn alltoallv(
     send_bytes: &[usize],
     recv_bytes: &[usize],
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "alltoallv", &inputs, &outputs, |comm| {
+    host_only(comm, data, "alltoallv", |comm, data| {
         alltoallv_host(comm, data, send_bytes, recv_bytes)
     })
 }
@@ -264,9 +260,7 @@ pub fn scatter(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "scatter", &inputs, &outputs, |comm| {
+    host_only(comm, data, "scatter", |comm, data| {
         scatter_host(comm, data, count, dtype, root)
     })
 }
@@ -329,9 +323,7 @@ pub fn gather(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "gather", &inputs, &outputs, |comm| {
+    host_only(comm, data, "gather", |comm, data| {
         gather_host(comm, data, count, dtype, root)
     })
 }
@@ -391,9 +383,7 @@ pub fn sendrecv(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "sendrecv", &inputs, &outputs, |comm| {
+    host_only(comm, data, "sendrecv", |comm, data| {
         sendrecv_host(comm, data, count, dtype)
     })
 }
@@ -454,9 +444,7 @@ pub fn hypercube(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
-    let (data, mut space) = data.split_space();
-    let (inputs, outputs) = data.ranges();
-    space.around(comm, "hypercube", &inputs, &outputs, |comm| {
+    host_only(comm, data, "hypercube", |comm, data| {
         hypercube_host(comm, data, count, dtype)
     })
 }

@@ -24,7 +24,7 @@ mod call;
 pub(crate) use call::{Failed, Space};
 
 use crate::communicator::Communicator;
-use crate::data::Regs;
+use crate::data::{Data, Regs};
 use crate::dtype::DataType;
 use crate::error::CommError;
 use crate::offload::{device_of, Offload, OffloadError};
@@ -49,6 +49,19 @@ impl std::fmt::Debug for MemorySpace<'_> {
             MemorySpace::Device(_) => "Device",
         })
     }
+}
+
+/// Runs `f` on `data` as host data, staged around by the space it lives in (see
+/// [`MemorySpace::around`]): for the algorithms that move host memory only.
+pub(crate) fn host_only<R>(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    what: &str,
+    f: impl FnOnce(&mut Communicator, Data<'_>) -> Result<R, CommError>,
+) -> Result<R, CommError> {
+    let (data, mut space) = data.split_space();
+    let (inputs, outputs) = data.ranges();
+    space.around(comm, what, &inputs, &outputs, |comm| f(comm, data))
 }
 
 pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommError + '_ {
