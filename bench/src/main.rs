@@ -18,7 +18,6 @@ mod report_cmd;
 mod session;
 mod sizes;
 mod specs;
-mod subcomm;
 mod terminal;
 mod threads;
 mod tiers;

@@ -492,7 +492,7 @@ impl Drop for SignalWatch {
     }
 }
 
-fn join_options(args: &PerfArgs) -> JoinOptions {
+pub(crate) fn join_options(args: &PerfArgs) -> JoinOptions {
     JoinOptions {
         token: args.job_token.clone(),
         socket_ifname: args.socket_ifname.clone(),
@@ -624,7 +624,7 @@ fn sweep(
                 Some(r) => r.store.clone(),
                 None => Arc::new(busbw_launchers::MemoryStore::new()),
             };
-            let factory = crate::subcomm::Factory::new(
+            let factory = crate::session::group_factory(
                 world,
                 store,
                 &join_options(args),

@@ -7,16 +7,20 @@ use anyhow::{Context, Result};
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::store::all_gather;
 use busbw_launchers::{
-    never_registered, rank_info, rendezvous_with, token_digest, RankInfo, Rendezvous, StoreError,
-    World,
+    never_registered, rank_info, rendezvous_with, token_digest, RankInfo, Rendezvous, Store,
+    StoreError, World,
 };
 use busbw_reports::DeviceInfo;
+use busbw_tiers::subcomm::BoxError;
+use busbw_tiers::Factory;
 use busbw_transports::inproc::InprocTransport;
 use busbw_transports::multi::{Member, MultiTransport, NodeId, TransportKind};
 use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
 use busbw_transports::{Abort, Handle, Identity, Transport};
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub struct Session {
     pub comm: Communicator,
@@ -76,7 +80,7 @@ impl JoinOptions {
 }
 
 /// Where this rank's TCP listens and how many sockets its connections use: one value for the
-/// job's communicator and the tiers' sub-communicators.
+/// job's communicator and the groups' sub-communicators.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TcpSetup {
     pub bind: IpAddr,
@@ -510,7 +514,7 @@ pub(crate) fn tcp_transport(identity: Identity, setup: TcpSetup) -> Box<dyn Tran
 /// The transports `--transport` names, in NCCL's priority order (shared memory, then RDMA,
 /// then TCP), behind one multi-transport; `None` for `tcp`, which needs no routing. `verbs`
 /// is this rank's RDMA member when it has one. One definition for the job's communicator and
-/// the tiers' sub-communicators, so both always choose alike.
+/// the groups' sub-communicators, so both always choose alike.
 pub(crate) fn multi_transport(
     kind: TransportKind,
     identity: Identity,
@@ -536,6 +540,52 @@ pub(crate) fn multi_transport(
             .collect(),
     };
     Ok(Some(MultiTransport::new(members, node)?))
+}
+
+/// The groups' communicators of this rank (tier groups, `NCCL_TESTS_SPLIT`): their
+/// transports are chosen as the job's were (the same `--transport`, the same RDMA port), but
+/// instances of their own, so a group's queue pairs, slots and memory registrations live and
+/// die with its communicator and are never seen by another group. `device_buffers` (`-g`):
+/// the groups' verbs transports keep off their eager path (see `verbs::for_rank`).
+pub(crate) fn group_factory(
+    world: &World,
+    store: Arc<dyn Store>,
+    opts: &JoinOptions,
+    kind: TransportKind,
+    timeout: Duration,
+    abort: Abort,
+    device_buffers: bool,
+) -> Result<Factory> {
+    let tcp = opts.tcp(local_address(world, opts.socket_ifname.as_deref())?);
+    let node = NodeId::here(&world.hostname);
+    let ib_hca = opts.ib_hca.clone();
+    let local_rank = world.local_rank;
+    let transports = move |identity: Identity| -> Result<Box<dyn Transport>, BoxError> {
+        let verbs = crate::verbs::for_rank(
+            kind,
+            device_buffers,
+            ib_hca.as_deref(),
+            local_rank,
+            timeout,
+            identity,
+            tcp.bind,
+            tcp.advertise,
+        )?
+        .map(|(member, _)| member);
+        Ok(match multi_transport(kind, identity, tcp, &node, verbs)? {
+            Some(m) => Box::new(m),
+            None => tcp_transport(identity, tcp),
+        })
+    };
+    let token = opts.token.clone();
+    Ok(Factory::new(
+        store,
+        token,
+        world.rank,
+        timeout,
+        abort,
+        Box::new(transports),
+    )?)
 }
 
 /// Join a multi-rank job's rendezvous.

@@ -1,6 +1,7 @@
 //! `--label-nodes KEY=VALUE`: the gate before training. Which Kubernetes nodes passed and
 //! which the verdict names, and the patches that mark them (launchers::topology::node_labels).
 
+use crate::Error;
 use busbw_launchers::topology::node_labels::{self, NodeLabel, Patch};
 use busbw_launchers::topology::SourceConfig;
 use busbw_reports::tiers::TierReport;
@@ -57,19 +58,21 @@ pub fn plan(
 }
 
 /// Print (dry run) or send the patches; `#` lines for stdout, or the error.
-pub fn apply(patches: &[Patch], dry_run: bool, cfg: &SourceConfig) -> Result<Vec<String>, String> {
+pub fn apply(patches: &[Patch], dry_run: bool, cfg: &SourceConfig) -> Result<Vec<String>, Error> {
     if dry_run {
         return Ok(patches
             .iter()
             .map(|p| format!("# label-nodes (dry run): {p}"))
             .collect());
     }
-    node_labels::apply(cfg, patches, &|k| std::env::var(k).ok()).map(|lines| {
-        lines
-            .into_iter()
-            .map(|l| format!("# label-nodes: {l}"))
-            .collect()
-    })
+    node_labels::apply(cfg, patches, &|k| std::env::var(k).ok())
+        .map(|lines| {
+            lines
+                .into_iter()
+                .map(|l| format!("# label-nodes: {l}"))
+                .collect()
+        })
+        .map_err(Error::LabelNodes)
 }
 
 #[cfg(test)]

@@ -1,0 +1,152 @@
+//! Rank 0's conclusion: the tier table, the judged link matrix and the verdict, and what
+//! `--label-nodes` makes of them.
+
+use crate::analysis::{self, Measured};
+use crate::gate;
+use crate::topology::{Topology, NODE_NAME_KEY};
+use crate::{Error, Job, Options};
+use busbw_launchers::topology::node_labels::{NodeLabel, Patch};
+use busbw_launchers::Store;
+use busbw_reports::tiers::{LinkMatrix, NodeInfo, TierFailure, TierReport, TierRow, Verdict};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// What a tier run concluded, on rank 0.
+pub struct Conclusion {
+    pub report: TierReport,
+    /// Result cells with wrong data in the tier groups (the whole job's are the program's,
+    /// in its main table).
+    pub wrong: u64,
+    /// Each rank's host, in rank order.
+    hosts: Vec<String>,
+}
+
+impl Conclusion {
+    /// Whether the fabric passed: no tier under its threshold, no suspect node, no slow link
+    /// left unexplained, no wrong data in the groups.
+    pub fn passed(&self) -> bool {
+        self.report.verdict.passed
+    }
+
+    /// `--label-nodes`: the node patches, once every rank's Kubernetes node name is in (see
+    /// [`gate::plan`] for who passes). `run_ok`: the program's own gates passed too.
+    pub fn label_patches(
+        &self,
+        store: &dyn Store,
+        label: &NodeLabel,
+        run_ok: bool,
+        timeout: Duration,
+    ) -> Result<Vec<Patch>, Error> {
+        let keys: Vec<String> = (0..self.hosts.len())
+            .map(|r| format!("{NODE_NAME_KEY}/{r}"))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let names = store.wait(&keys, timeout).map_err(Error::NodeNames)?;
+        let hosts: Vec<(String, String)> = self
+            .hosts
+            .iter()
+            .zip(&names)
+            .map(|(h, n)| (h.clone(), String::from_utf8_lossy(n).into_owned()))
+            .collect();
+        Ok(gate::plan(label, &self.report, run_ok, &hosts))
+    }
+}
+
+/// The report and whether the fabric passed, from the tiers and the measured links.
+pub(crate) fn conclude(
+    job: &Job,
+    topo: &Topology,
+    tiers: Vec<TierRow>,
+    links: Option<(LinkMatrix, Vec<Measured>)>,
+    wrong: u64,
+    opts: &Options,
+) -> Conclusion {
+    let (nodes, model) = (&topo.nodes, &topo.model);
+    let mut verdict = Verdict {
+        passed: true,
+        suspect_nodes: Vec::new(),
+        slow_links: Vec::new(),
+        failed_tiers: Vec::new(),
+        unknown_nodes: Vec::new(),
+        notes: Vec::new(),
+    };
+    for t in &tiers {
+        if let (Some(false), Some(th), Some(last)) = (t.passed, t.threshold, t.sizes.last()) {
+            verdict.failed_tiers.push(TierFailure {
+                tier: t.tier.clone(),
+                measured: last.min,
+                threshold: th,
+            });
+        }
+        if t.threshold.is_some() && t.sizes.is_empty() {
+            verdict.notes.push(format!(
+                "tier {} has a threshold but nothing was measured there",
+                t.tier
+            ));
+        }
+    }
+    let matrix = links.map(|(mut m, measured)| {
+        let j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
+        m.links = j.links;
+        verdict.suspect_nodes = j.suspects;
+        verdict.slow_links = j.unexplained;
+        m
+    });
+    let mut seen_unknown = BTreeSet::new();
+    for t in &tiers {
+        for n in &t.unknown_nodes {
+            if seen_unknown.insert(n.clone()) {
+                verdict.unknown_nodes.push(n.clone());
+            }
+        }
+    }
+    if model.is_empty() {
+        verdict.notes.push(
+            "no topology labels found: only the node tier and the link matrix (see docs/tiers.md for the sources)"
+                .into(),
+        );
+    }
+    if wrong > 0 {
+        verdict.notes.push(format!(
+            "{wrong} result cells with wrong data in tier groups"
+        ));
+    }
+    verdict.passed = verdict.failed_tiers.is_empty()
+        && verdict.suspect_nodes.is_empty()
+        && verdict.slow_links.is_empty()
+        && wrong == 0;
+    let keys: BTreeSet<&str> = model
+        .outermost_first()
+        .iter()
+        .map(|l| l.key.as_str())
+        .collect();
+    let report = TierReport {
+        preset: topo.preset.name().into(),
+        collective: job.collective.clone(),
+        nodes: (0..nodes.names.len())
+            .map(|n| NodeInfo {
+                name: nodes.names[n].clone(),
+                ranks: (0..nodes.of_rank.len())
+                    .filter(|&r| nodes.of_rank[r] == n)
+                    .collect(),
+                labels: nodes.labels[n]
+                    .iter()
+                    .filter(|(k, _)| keys.contains(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .collect(),
+        tiers,
+        matrix,
+        verdict,
+    };
+    Conclusion {
+        report,
+        wrong,
+        hosts: nodes
+            .of_rank
+            .iter()
+            .map(|&n| nodes.names[n].clone())
+            .collect(),
+    }
+}

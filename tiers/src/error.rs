@@ -1,0 +1,82 @@
+//! What can stop a tier run. The program's own failures (its sweep) travel apart, in
+//! [`RunError::Bench`], untouched: the program classifies them into exit codes by their
+//! types, which a wrapper here would hide.
+
+use crate::subcomm::BuildError;
+use busbw_collectives::CommError;
+use busbw_launchers::topology::SourceError;
+use busbw_launchers::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("reading the topology labels of {node}")]
+    Labels {
+        node: String,
+        #[source]
+        source: SourceError,
+    },
+    #[error("exchanging topology labels")]
+    Exchange(#[source] StoreError),
+    /// The preset cannot be resolved against the labels seen.
+    #[error("{0}")]
+    Model(String),
+    /// A threshold names a tier the topology does not have (a usage error: the fix is the
+    /// flag); `tier` as the user wrote it.
+    #[error("{tier}: no such tier; the tiers are {}", tiers.join(", "))]
+    NoSuchTier { tier: String, tiers: Vec<String> },
+    /// A group's communicator, `what` saying which group.
+    #[error("{what}")]
+    Group {
+        what: String,
+        #[source]
+        source: Box<BuildError>,
+    },
+    #[error(transparent)]
+    Build(Box<BuildError>),
+    #[error(
+        "rank {rank}: cannot allocate {bytes} bytes for the pairwise {buffer} buffer; lower \
+         --pairwise-size"
+    )]
+    Alloc {
+        rank: usize,
+        bytes: usize,
+        buffer: &'static str,
+    },
+    /// A pairwise measurement, `what` naming the pair and the round.
+    #[error("{what}")]
+    Pairwise {
+        what: String,
+        #[source]
+        source: CommError,
+    },
+    #[error("the job was aborted: {0}")]
+    Aborted(String),
+    /// Groups or pairs (in words) that never reported within their budget.
+    #[error("{} did not finish within {secs} s", missing.join(", "))]
+    Unfinished { missing: Vec<String>, secs: u64 },
+    #[error("collecting every rank's node name for --label-nodes")]
+    NodeNames(#[source] StoreError),
+    /// The Kubernetes API refused a node patch, or could not be reached.
+    #[error("{0}")]
+    LabelNodes(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+impl From<BuildError> for Error {
+    fn from(e: BuildError) -> Self {
+        Error::Build(Box::new(e))
+    }
+}
+
+/// A failure of [`crate::run`]: the crate's own, or the program's sweep as it returned it.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<B> {
+    #[error(transparent)]
+    Tiers(#[from] Error),
+    #[error("{0}")]
+    Bench(B),
+}

@@ -1,0 +1,389 @@
+//! The sequence of a tier run: the whole job (the main table), then per tier, closest
+//! first, the collective in every group of the tier at once (one rank per node above the
+//! node tier), each group on its own sub-communicator; then the pairwise round robin, and on
+//! rank 0 the conclusion.
+//!
+//! Timing a sweep and showing it belong to the program, which lends them through [`Bench`];
+//! what is run where, and when, is decided here, so every program gets the same schedule.
+
+use crate::analysis;
+use crate::conclude::{conclude, Conclusion};
+use crate::pairwise::pairwise;
+use crate::schedule::{self, Group};
+use crate::subcomm::Factory;
+use crate::topology::Topology;
+use crate::{Error, RunError};
+use busbw_collectives::Communicator;
+use busbw_launchers::topology::{Preset, SourceConfig};
+use busbw_launchers::Store;
+use busbw_reports::tiers::{GroupResult, TierRow, TierSize};
+use busbw_reports::Row;
+use busbw_transports::Abort;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a tier run asks of the program: flags, checked.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub preset: Preset,
+    pub sources: SourceConfig,
+    /// The Kubernetes node name when it is not the host name.
+    pub node_name: Option<String>,
+    pub pairwise_size: u64,
+    pub pairwise_iters: u32,
+    pub pairwise: bool,
+    /// (tier name or key, GB/s)
+    pub thresholds: Vec<(String, f64)>,
+    pub slow_fraction: f64,
+    /// `--label-nodes` is on: each rank publishes its Kubernetes node name for rank 0.
+    pub label_nodes: bool,
+}
+
+/// The job a tier run happens in, beside its communicator.
+pub struct Job {
+    /// The job's rendezvous store: groups publish their results and handles there.
+    pub store: Arc<dyn Store>,
+    /// The job-wide stop flag: a failing group raises it and every wait here ends.
+    pub abort: Abort,
+    pub hostname: String,
+    /// `-T`: every wait on the store.
+    pub timeout: Duration,
+    /// The collective's program name (`all_reduce_perf`), for the report.
+    pub collective: String,
+}
+
+/// What one sweep measured: per size, the out-of-place bus bandwidth; and the result cells
+/// with wrong data.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sweep {
+    pub sizes: Vec<u64>,
+    pub busbw: Vec<f64>,
+    pub wrong: u64,
+}
+
+impl Sweep {
+    pub fn from_rows(rows: &[Row], wrong: u64) -> Sweep {
+        Sweep {
+            sizes: rows.iter().map(|r| r.size).collect(),
+            busbw: rows.iter().map(|r| r.out_of_place.busbw).collect(),
+            wrong,
+        }
+    }
+}
+
+/// What only the program can do: time its collective's sweep on a communicator, and show
+/// the whole job's as its main table.
+pub trait Bench {
+    /// The program's own error, handed back untouched in [`RunError::Bench`].
+    type Error: std::fmt::Display + std::fmt::Debug;
+
+    /// The sweep over the whole job, shown as the program shows a run; on every rank, what
+    /// it measured (rank 0's rows are the ones that count).
+    fn whole_job(&mut self, comm: &mut Communicator) -> Result<Sweep, Self::Error>;
+
+    /// The same sweep in one group, shown nowhere; `what` names the group for errors.
+    fn group(&mut self, comm: &mut Communicator, what: &str) -> Result<Sweep, Self::Error>;
+
+    /// How long one group's sweep may take before the others give up on it: a group makes
+    /// progress at least every `-T` per size or fails and says so.
+    fn group_budget(&self) -> Duration;
+}
+
+/// Run the tiers on `comm`, the whole job's communicator. `factory` builds the groups'
+/// communicators (`None` for a one-rank job, which has no groups to run). The conclusion
+/// comes back on rank 0 only; the others get `None`.
+pub fn run<B: Bench>(
+    bench: &mut B,
+    comm: &mut Communicator,
+    factory: Option<&Factory>,
+    job: &Job,
+    topo: &Topology,
+    opts: &Options,
+) -> Result<Option<Conclusion>, RunError<B::Error>> {
+    let world = bench.whole_job(comm).map_err(RunError::Bench)?;
+    let mut tiers: Vec<TierRow> = Vec::new();
+    // The rank sets already measured, and the tier that measured them.
+    let mut measured: Vec<(Vec<Vec<usize>>, usize)> = Vec::new();
+    let mut wrong = 0u64;
+    let (rank, size) = (comm.rank(), comm.size());
+    let nodes = &topo.nodes;
+    for (ti, (tier, key)) in topo.tiers.iter().enumerate() {
+        let (groups, unknown) = if ti == 0 {
+            (
+                schedule::node_groups(&nodes.of_rank, &nodes.names),
+                Vec::new(),
+            )
+        } else {
+            schedule::tier_groups(&topo.model, ti - 1, &nodes.labels, &nodes.leaders)
+        };
+        let runnable: Vec<usize> = (0..groups.len())
+            .filter(|&g| groups[g].ranks.len() > 1)
+            .collect();
+        let sets: Vec<Vec<usize>> = runnable.iter().map(|&g| groups[g].ranks.clone()).collect();
+        let mut row = TierRow {
+            tier: tier.clone(),
+            key: key.clone(),
+            groups: groups.len(),
+            ranks_min: groups.iter().map(|g| g.ranks.len()).min().unwrap_or(0),
+            ranks_max: groups.iter().map(|g| g.ranks.len()).max().unwrap_or(0),
+            unknown_nodes: unknown.iter().map(|&n| nodes.names[n].clone()).collect(),
+            note: None,
+            sizes: Vec::new(),
+            group_results: Vec::new(),
+            threshold: opts
+                .thresholds
+                .iter()
+                .find(|(t, _)| t == tier || t == key)
+                .map(|(_, b)| *b),
+            passed: None,
+        };
+        let runs: Vec<Sweep> = if runnable.is_empty() {
+            row.note = Some(if groups.is_empty() {
+                "no node has this label".into()
+            } else {
+                "one rank per group: nothing to measure".into()
+            });
+            Vec::new()
+        } else if let Some((_, earlier)) = measured.iter().find(|(s, _)| *s == sets) {
+            row.note = Some(format!("same groups as {}", tiers[*earlier].tier));
+            row.sizes = tiers[*earlier].sizes.clone();
+            row.group_results = tiers[*earlier].group_results.clone();
+            Vec::new()
+        } else if sets.len() == 1 && sets[0].len() == size && !world.sizes.is_empty() {
+            // The whole job: that is the main table, whose wrong cells the program counts.
+            row.note = Some("the whole job: the main table".into());
+            vec![Sweep {
+                wrong: 0,
+                ..world.clone()
+            }]
+        } else {
+            measured.push((sets.clone(), ti));
+            run_groups(bench, rank, factory, job, ti, &groups, &runnable, nodes)?
+        };
+        if !runs.is_empty() && rank == 0 {
+            wrong += summarize(&mut row, &groups, &runnable, &runs, &nodes.names);
+        }
+        if let (Some(th), Some(last)) = (row.threshold, row.sizes.last()) {
+            row.passed = Some(last.min >= 0.9 * th);
+        }
+        tiers.push(row);
+    }
+    let links = if opts.pairwise && nodes.names.len() > 1 {
+        Some(pairwise(comm, factory, job, topo, opts)?)
+    } else {
+        None
+    };
+    Ok((rank == 0).then(|| conclude(job, topo, tiers, links, wrong, opts)))
+}
+
+/// Rank 0: the groups' results into the tier's row (per size: min, median and max over the
+/// groups); returns the wrong cells they had.
+fn summarize(
+    row: &mut TierRow,
+    groups: &[Group],
+    runnable: &[usize],
+    runs: &[Sweep],
+    names: &[String],
+) -> u64 {
+    let mut wrong = 0;
+    for (&g, r) in runnable.iter().zip(runs) {
+        wrong += r.wrong;
+        row.group_results.push(GroupResult {
+            domain: groups[g].domain.clone(),
+            nodes: groups[g].nodes.iter().map(|&n| names[n].clone()).collect(),
+            ranks: groups[g].ranks.len(),
+            busbw: r.busbw.clone(),
+        });
+        if row.sizes.is_empty() {
+            row.sizes = r
+                .sizes
+                .iter()
+                .map(|&s| TierSize {
+                    size: s,
+                    min: 0.0,
+                    median: 0.0,
+                    max: 0.0,
+                })
+                .collect();
+        }
+    }
+    for (i, s) in row.sizes.iter_mut().enumerate() {
+        let v: Vec<f64> = row
+            .group_results
+            .iter()
+            .filter_map(|g| g.busbw.get(i).copied())
+            .collect();
+        s.min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        s.max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        s.median = analysis::median(&v);
+    }
+    wrong
+}
+
+/// Run the collective in every runnable group of tier `ti` at once; on rank 0, every
+/// group's result (in `runnable` order).
+#[allow(clippy::too_many_arguments)]
+fn run_groups<B: Bench>(
+    bench: &mut B,
+    rank: usize,
+    factory: Option<&Factory>,
+    job: &Job,
+    ti: usize,
+    groups: &[Group],
+    runnable: &[usize],
+    nodes: &crate::topology::Nodes,
+) -> Result<Vec<Sweep>, RunError<B::Error>> {
+    let key = |g: usize| format!("tiers/t{ti}/g{g}");
+    if let (Some(f), Some(&g)) = (
+        factory,
+        runnable.iter().find(|&&g| groups[g].ranks.contains(&rank)),
+    ) {
+        let grp = &groups[g];
+        let member_nodes: Vec<usize> = grp.ranks.iter().map(|&r| nodes.of_rank[r]).collect();
+        let mut comm = f
+            .build(&format!("t{ti}/g{g}"), &grp.ranks, &member_nodes)
+            .map_err(|source| Error::Group {
+                what: format!("building the communicator of tier {ti} group {g}"),
+                source: Box::new(source),
+            })?;
+        let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
+        let run = bench.group(&mut comm, &what).map_err(RunError::Bench)?;
+        if comm.rank() == 0 {
+            job.store
+                .set(&key(g), &serde_json::to_vec(&run).map_err(Error::from)?)
+                .map_err(Error::from)?;
+        }
+    }
+    // Every rank waits for every group: the next tier must not share the wire with this one.
+    let keys: Vec<(String, String)> = runnable
+        .iter()
+        .map(|&g| {
+            let who = format!(
+                "tier {ti} group {} (ranks {:?})",
+                groups[g].domain.join("/"),
+                groups[g].ranks
+            );
+            (key(g), who)
+        })
+        .collect();
+    let values = wait_all(&*job.store, &keys, &job.abort, bench.group_budget())?;
+    if rank != 0 {
+        return Ok(Vec::new());
+    }
+    values
+        .iter()
+        .map(|v| Ok(serde_json::from_slice(v).map_err(Error::from)?))
+        .collect()
+}
+
+/// Wait for `keys` (key, what it stands for) to appear, polling so that an abort posted by a
+/// failing group ends the wait at once. Past `budget` the error names what never finished.
+pub(crate) fn wait_all(
+    store: &dyn Store,
+    keys: &[(String, String)],
+    abort: &Abort,
+    budget: Duration,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let deadline = Instant::now() + budget;
+    let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+    loop {
+        for (i, (k, _)) in keys.iter().enumerate() {
+            if values[i].is_none() {
+                values[i] = store.get(k)?;
+            }
+        }
+        if values.iter().all(Option::is_some) {
+            return Ok(values.into_iter().flatten().collect());
+        }
+        if let Some(reason) = abort.reason() {
+            return Err(Error::Aborted(reason));
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Unfinished {
+                missing: keys
+                    .iter()
+                    .zip(&values)
+                    .filter(|(_, v)| v.is_none())
+                    .map(|((_, who), _)| who.clone())
+                    .collect(),
+                secs: budget.as_secs(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use busbw_launchers::MemoryStore;
+
+    #[test]
+    fn a_wait_names_what_never_finished_and_ends_on_an_abort() {
+        let store = MemoryStore::new();
+        store.set("a", b"1").unwrap();
+        let keys = [
+            ("a".to_string(), "group a".to_string()),
+            ("b".to_string(), "group b".to_string()),
+        ];
+        let abort = Abort::new();
+        let e = wait_all(&store, &keys, &abort, Duration::ZERO).unwrap_err();
+        assert_eq!(e.to_string(), "group b did not finish within 0 s");
+        abort.raise("rank 3 failed");
+        let e = wait_all(&store, &keys, &abort, Duration::from_secs(60)).unwrap_err();
+        assert_eq!(e.to_string(), "the job was aborted: rank 3 failed");
+        store.set("b", b"2").unwrap();
+        assert_eq!(
+            wait_all(&store, &keys, &abort, Duration::ZERO).unwrap(),
+            [b"1".to_vec(), b"2".to_vec()]
+        );
+    }
+
+    #[test]
+    fn groups_summarize_per_size() {
+        let group = |d: &str, nodes: Vec<usize>| Group {
+            domain: vec![d.into()],
+            ranks: nodes.clone(),
+            nodes,
+        };
+        let groups = [
+            group("a", vec![0, 1]),
+            group("b", vec![2]),
+            group("c", vec![3, 4]),
+        ];
+        let runs = [
+            Sweep {
+                sizes: vec![8, 16],
+                busbw: vec![1.0, 4.0],
+                wrong: 1,
+            },
+            Sweep {
+                sizes: vec![8, 16],
+                busbw: vec![3.0, 2.0],
+                wrong: 2,
+            },
+        ];
+        let names: Vec<String> = (0..5).map(|i| format!("n{i}")).collect();
+        let mut row = TierRow {
+            tier: "rack".into(),
+            key: "k".into(),
+            groups: 3,
+            ranks_min: 1,
+            ranks_max: 2,
+            unknown_nodes: Vec::new(),
+            note: None,
+            sizes: Vec::new(),
+            group_results: Vec::new(),
+            threshold: None,
+            passed: None,
+        };
+        assert_eq!(summarize(&mut row, &groups, &[0, 2], &runs, &names), 3);
+        assert_eq!(row.group_results[1].nodes, ["n3", "n4"]);
+        let s: Vec<(u64, f64, f64, f64)> = row
+            .sizes
+            .iter()
+            .map(|s| (s.size, s.min, s.median, s.max))
+            .collect();
+        assert_eq!(s, [(8, 1.0, 2.0, 3.0), (16, 2.0, 3.0, 4.0)]);
+    }
+}
