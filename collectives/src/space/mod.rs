@@ -53,6 +53,7 @@ impl std::fmt::Debug for MemorySpace<'_> {
 
 /// Runs `f` on `data` as host data, staged around by the space it lives in (see
 /// [`MemorySpace::around`]): for the algorithms that move host memory only.
+#[inline]
 pub(crate) fn host_only<R>(
     comm: &mut Communicator,
     data: Data<'_>,
@@ -162,6 +163,7 @@ impl<'d> MemorySpace<'d> {
 
     /// Ends a call's work in this space: waits for the device (nothing may still write a
     /// twin or read staging once the call has returned).
+    #[inline]
     pub(crate) fn finish(
         &mut self,
         rank: usize,
@@ -180,6 +182,7 @@ impl<'d> MemorySpace<'d> {
     /// Runs `f` on host twins made current: every input range copied out of the device
     /// first, every output range copied in afterwards (outputs are copied out too: what the
     /// collective leaves alone must come back as it was). On the host, `f` runs as is.
+    #[inline]
     pub(crate) fn around<R>(
         &mut self,
         comm: &mut Communicator,
@@ -226,6 +229,7 @@ impl<'d> MemorySpace<'d> {
     ///
     /// # Safety
     /// Both ranges valid for `len` bytes and disjoint (or equal, which copies nothing).
+    #[inline]
     pub(crate) unsafe fn copy(
         &mut self,
         rank: usize,
@@ -251,6 +255,7 @@ impl<'d> MemorySpace<'d> {
 
     /// Scratch memory beside the call's buffers: a mirrored buffer of the device's, or
     /// `None` on the host (use the communicator's scratch).
+    #[inline]
     pub(crate) fn scratch(
         &mut self,
         rank: usize,
@@ -264,6 +269,7 @@ impl<'d> MemorySpace<'d> {
     }
 
     /// `mulsum`'s premultiplied input made on the device, or `None` on the host.
+    #[inline]
     pub(crate) fn premultiply(
         &mut self,
         rank: usize,
