@@ -602,28 +602,3 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
     let plan = AllGatherPlan { n, r, sc, dst };
     run_ring(comm, space, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
 }
-
-/// AllReduce a few control values (timings, error counts) over the same connections, so the
-/// harness needs no second communication channel. Recursive doubling: these are a few bytes,
-/// and the harness's barrier and timing exchanges should cost as little as possible.
-pub fn all_reduce_values<T: Element>(
-    comm: &mut Communicator,
-    values: &mut [T],
-    op: ReduceOp,
-) -> Result<(), CommError> {
-    let count = values.len();
-    // SAFETY: a slice of plain numbers viewed as bytes.
-    let bytes = unsafe {
-        std::slice::from_raw_parts_mut(
-            values.as_mut_ptr() as *mut u8,
-            std::mem::size_of_val(values),
-        )
-    };
-    crate::rd::rd_all_reduce(comm, Data::in_place(bytes), count, T::DTYPE, op)
-}
-
-/// A barrier: returns once every rank has entered it.
-pub fn barrier(comm: &mut Communicator) -> Result<(), CommError> {
-    let mut v = [0u8; 1];
-    all_reduce_values(comm, &mut v, ReduceOp::Sum)
-}
