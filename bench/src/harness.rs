@@ -351,6 +351,15 @@ struct State<'a> {
     summary: &'a mut Summary,
 }
 
+/// Where a rank's data lives: the device's buffers under `-g`, else the host's (the fields
+/// of a [`State`], apart so that its other fields stay borrowable).
+fn memory<'m>(dev: &'m mut Option<&mut DeviceMem>, bufs: &'m mut Buffers) -> &'m mut dyn Memory {
+    match dev.as_deref_mut() {
+        Some(d) => d,
+        None => bufs,
+    }
+}
+
 /// One (type, op, root) sweep: nccl-tests' `TimeTest`.
 fn sweep(
     comm: &mut Communicator,
@@ -387,16 +396,9 @@ fn sweep(
     for &size in &plan.warmup_sizes {
         let ctx = ctx_for((spec.counts)(size, dtype, n), 0, false);
         for _ in 0..plan.warmup_iters {
-            match st.dev.as_deref_mut() {
-                Some(d) => d.op(comm, spec.run, &ctx, 0, 0, false).map(|_| ()),
-                None => {
-                    let b = &mut *st.bufs;
-                    let send = &b.send.as_slice()[b.base..];
-                    let recv = &mut b.recv.as_mut_slice()[b.base..];
-                    (spec.run)(comm, send, recv, MemorySpace::Host, &ctx).map_err(Into::into)
-                }
-            }
-            .with_context(|| format!("warmup at {size} bytes"))?;
+            memory(&mut st.dev, st.bufs)
+                .op(comm, spec, &ctx, 0, false)
+                .with_context(|| format!("warmup at {size} bytes"))?;
         }
     }
     let mut cycle = 0;
@@ -606,10 +608,7 @@ fn bench(
     ctx: &DataCtx,
     st: &mut State,
 ) -> Result<(Cell, CellDetail)> {
-    let mem: &mut dyn Memory = match st.dev.as_deref_mut() {
-        Some(d) => d,
-        None => &mut *st.bufs,
-    };
+    let mem = memory(&mut st.dev, st.bufs);
     let spec = plan.spec;
     let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
     if plan.check > 0 {

@@ -5,7 +5,7 @@
 use crate::communicator::Communicator;
 use crate::dtype::DataType;
 use crate::error::CommError;
-use crate::space::MemorySpace;
+use crate::space::{check_mirrors, MemorySpace};
 use busbw_transports::{MemRegion, MemoryKind, Registration};
 
 /// The buffers of one collective call and the memory they live in.
@@ -56,10 +56,6 @@ impl<'a> Data<'a> {
         Data { space, ..self }
     }
 
-    pub fn is_in_place(&self) -> bool {
-        matches!(self.buffers, Buffers::InPlace(_))
-    }
-
     /// The buffers as host data, and the space they really live in: for algorithms that run
     /// on host twins made current by [`MemorySpace::around`].
     pub(crate) fn split_space(self) -> (Data<'a>, MemorySpace<'a>) {
@@ -93,9 +89,9 @@ impl<'a> Data<'a> {
         (send_off, recv_off): (usize, usize),
     ) -> Result<Bufs<'a>, CommError> {
         let err = |m: String| CommError::Invalid(format!("rank {rank}: {what}: {m}"));
-        if let MemorySpace::Device(_) = self.space {
+        if let MemorySpace::Device(d) = &self.space {
             let (inputs, outputs) = self.ranges();
-            self.space.check(&inputs, &outputs, rank, what)?;
+            check_mirrors(d.mirrors(), &inputs, &outputs, rank, what)?;
         }
         let (src, dst) = match self.buffers {
             Buffers::InPlace(b) => {

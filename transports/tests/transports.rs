@@ -3,13 +3,13 @@
 
 use busbw_transports::inproc::InprocTransport;
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
-use busbw_transports::{
-    Identity, MemRegion, MemoryKind, RecvComm, RequestId, SendComm, Transport, TransportError,
-};
+use busbw_transports::{Identity, MemRegion, MemoryKind, RequestId, Transport, TransportError};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-const T: Duration = Duration::from_secs(10);
+mod common;
+
+use common::{wait_both, T};
 
 fn tcp(rank: u32, job: u64) -> Box<dyn Transport> {
     Box::new(TcpTransport::new(
@@ -32,26 +32,6 @@ fn tcp_lanes(rank: u32, job: u64) -> Box<dyn Transport> {
 
 fn inproc(rank: u32, job: u64) -> Box<dyn Transport> {
     Box::new(InprocTransport::new(Identity::new(job, rank)))
-}
-
-fn wait_send(
-    c: &mut dyn SendComm,
-    r: RequestId,
-    also: &mut dyn RecvComm,
-    ar: RequestId,
-) -> (usize, usize) {
-    let deadline = Instant::now() + T;
-    let (mut a, mut b) = (None, None);
-    while a.is_none() || b.is_none() {
-        assert!(Instant::now() < deadline, "timed out");
-        if a.is_none() {
-            a = c.test(r).unwrap();
-        }
-        if b.is_none() {
-            b = also.test(ar).unwrap();
-        }
-    }
-    (a.unwrap(), b.unwrap())
 }
 
 fn round_trip(mk: fn(u32, u64) -> Box<dyn Transport>) {
@@ -77,7 +57,7 @@ fn round_trip(mk: fn(u32, u64) -> Box<dyn Transport>) {
     for (tag, len) in [(5u32, n), (6, 0), (7, 1), (8, 1000)] {
         let rr = unsafe { recv.irecv(&rreg, dst.as_mut_ptr(), n + 64, tag) }.unwrap();
         let sr = unsafe { send.isend(&sreg, src.as_ptr(), len, tag) }.unwrap();
-        let (s, r) = wait_send(send.as_mut(), sr, recv.as_mut(), rr);
+        let (s, r) = wait_both(send.as_mut(), sr, recv.as_mut(), rr);
         assert_eq!((s, r), (len, len));
         assert_eq!(&dst[..len], &src[..len]);
     }

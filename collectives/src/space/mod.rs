@@ -27,7 +27,7 @@ use crate::communicator::Communicator;
 use crate::data::{Data, Regs};
 use crate::dtype::DataType;
 use crate::error::CommError;
-use crate::offload::{device_of, Offload, OffloadError};
+use crate::offload::{device_of, Mirror, Offload, OffloadError};
 use busbw_transports::MemRegion;
 use std::sync::Arc;
 
@@ -65,6 +65,30 @@ pub(crate) fn host_only<R>(
     space.around(comm, what, &inputs, &outputs, |comm| f(comm, data))
 }
 
+/// Fails unless every non-empty range lies in `mirrors`: data said to be on a device must be
+/// inside its mirrors, or the call would move memory the device never sees.
+pub(crate) fn check_mirrors(
+    mirrors: &[Mirror],
+    inputs: &[(*const u8, usize)],
+    outputs: &[(*mut u8, usize)],
+    rank: usize,
+    what: &str,
+) -> Result<(), CommError> {
+    let ranges = inputs
+        .iter()
+        .copied()
+        .chain(outputs.iter().map(|&(p, l)| (p as *const u8, l)));
+    for (p, len) in ranges.filter(|r| r.1 > 0) {
+        device_of(mirrors, p, len).map_err(|cause| {
+            CommError::Invalid(format!(
+                "rank {rank}: {what}: the data is on a device, but {cause}: pass the device's \
+                 host twins, or host data without a device"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommError + '_ {
     move |cause| CommError::Device {
         rank,
@@ -74,33 +98,6 @@ pub(crate) fn err(rank: usize, during: &str) -> impl Fn(OffloadError) -> CommErr
 }
 
 impl<'d> MemorySpace<'d> {
-    /// Fails unless every non-empty range lies in the space: a device's buffers must be
-    /// inside its mirrors, or the call would move memory the device never sees.
-    pub(crate) fn check(
-        &self,
-        inputs: &[(*const u8, usize)],
-        outputs: &[(*mut u8, usize)],
-        rank: usize,
-        what: &str,
-    ) -> Result<(), CommError> {
-        let MemorySpace::Device(d) = self else {
-            return Ok(());
-        };
-        let ranges = inputs
-            .iter()
-            .copied()
-            .chain(outputs.iter().map(|&(p, l)| (p as *const u8, l)));
-        for (p, len) in ranges.filter(|r| r.1 > 0) {
-            device_of(d.mirrors(), p, len).map_err(|cause| {
-                CommError::Invalid(format!(
-                    "rank {rank}: {what}: the data is on a device, but {cause}: pass the device's \
-                     host twins, or host data without a device"
-                ))
-            })?;
-        }
-        Ok(())
-    }
-
     /// The space for one call, with the call's memory registered into `regs`: the device's
     /// memory when it offers it and the transport accepts it (GPUDirect RDMA: no copies),
     /// else its twins (staged), else host memory. Returns the space and the staging for
@@ -192,14 +189,11 @@ impl<'d> MemorySpace<'d> {
         f: impl FnOnce(&mut Communicator) -> Result<R, CommError>,
     ) -> Result<R, CommError> {
         // Host data, the latency-bound common case, costs one test.
-        if let MemorySpace::Host = self {
-            return f(comm);
-        }
-        let r = comm.rank();
-        self.check(inputs, outputs, r, what)?;
         let MemorySpace::Device(dev) = self else {
             return f(comm);
         };
+        let r = comm.rank();
+        check_mirrors(dev.mirrors(), inputs, outputs, r, what)?;
         let all = inputs
             .iter()
             .copied()
