@@ -3,7 +3,9 @@
  *
  * float32 sum over MPI_COMM_WORLD, sizes from -b to -e (bytes, count = bytes/4) multiplied by -f,
  * -n timed iterations and -w warmup iterations per size.  Per size: barrier, time n iterations
- * with MPI_Wtime, mean per-op time on each rank, MAX over ranks.  Then one more call whose
+ * with MPI_Wtime, mean per-op time on each rank, MAX over ranks.  -r WINDOW moves iteration k's
+ * buffers by bytes * (k mod floor(WINDOW/bytes)), as busbw's --rotate does (default 0: the
+ * buffers never move), so both sides run from the same caches.  Then one more call whose
  * result is checked element by element (inputs are small integers, so the sum is exact);
  * any wrong element fails the run with exit 7.
  *
@@ -33,7 +35,7 @@ static size_t parse_size(const char *s)
 
 static void usage(const char *p)
 {
-    fprintf(stderr, "usage: %s [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup]\n", p);
+    fprintf(stderr, "usage: %s [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup] [-r window]\n", p);
 }
 
 /* small integers: the sum over any realistic rank count is exact in float32 */
@@ -44,6 +46,7 @@ int main(int argc, char **argv)
     size_t minb = 32u << 20, maxb = 32u << 20;
     double factor = 2.0;
     long iters = 20, warmup = 1;
+    size_t window = 0;
 
     MPI_Init(&argc, &argv);
     int rank, nranks;
@@ -59,6 +62,7 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "-f")) factor = atof(v);
         else if (!strcmp(o, "-n")) iters = atol(v);
         else if (!strcmp(o, "-w")) warmup = atol(v);
+        else if (!strcmp(o, "-r")) window = parse_size(v);
         else { if (rank == 0) usage(argv[0]); MPI_Abort(MPI_COMM_WORLD, 2); }
         a++;
     }
@@ -67,7 +71,7 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
 
-    size_t maxcount = maxb / sizeof(float);
+    size_t maxcount = (maxb > window ? maxb : window) / sizeof(float);
     if (maxcount == 0) maxcount = 1;
     float *send = malloc(maxcount * sizeof(float));
     float *recv = malloc(maxcount * sizeof(float));
@@ -89,10 +93,14 @@ int main(int argc, char **argv)
         for (long w = 0; w < warmup; w++)
             MPI_Allreduce(send, recv, icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 
+        size_t positions = count ? window / (count * sizeof(float)) : 1;
+        if (positions < 1) positions = 1;
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        for (long it = 0; it < iters; it++)
-            MPI_Allreduce(send, recv, icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (long it = 0; it < iters; it++) {
+            size_t off = count * ((size_t)it % positions);
+            MPI_Allreduce(send + off, recv + off, icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        }
         double mine = (MPI_Wtime() - t0) / (double)iters, t;
         MPI_Allreduce(&mine, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 

@@ -17,13 +17,18 @@
 # references, a single-core memcpy bandwidth and iperf3's TCP loopback goodput.  The peer
 # validates every size (exit 7 on a wrong element); busbw runs with -c 0.
 #
+# Both sides rotate their buffers over the same window (--rotate, default busbw's 16M; 0 keeps
+# them still, both then run sizes that fit a core's cache from that cache): iteration k uses
+# bytes * (k mod floor(WINDOW/bytes)) into the buffers, busbw with --rotate WINDOW and the peer
+# with -r WINDOW.
+#
 # busbw runs with --algo auto (BUSBW_ALGO to change it): like OpenMPI's tuned collectives,
 # which switch from recursive doubling to a ring as messages grow, it picks its algorithm per
 # size, so both sides run their own best choice.
 #
 #   bench/scripts/vs_openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
 #                               [--sizes "8 128K 1M 8M 32M 128M"] [--no-build] [--raw FILE]
-#                               [--rt]
+#                               [--rt] [--rotate 16M]
 #
 # --rt runs both sides (and the references) under SCHED_FIFO priority 1 (chrt -f 1): on a
 # machine shared with builds and other jobs this keeps their CPU time out of both
@@ -44,6 +49,7 @@ RAW=""
 RT=()
 AVG=${BUSBW_AVG:-3}
 ALGO=${BUSBW_ALGO:-auto}
+ROTATE=16M
 while (($#)); do
     case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
@@ -53,7 +59,8 @@ while (($#)); do
     --no-build) BUILD=0; shift ;;
     --raw) RAW=$2; shift 2 ;;
     --rt) RT=(chrt -f 1); shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --rotate) ROTATE=$2; shift 2 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "vs_openmpi.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -121,7 +128,7 @@ FAILS=0
 run_busbw() { # np transport bytes iters warmup -> "time busbw" (out-of-place)
     local out
     out=$("${RT[@]}" "$BUSBW" all_reduce_perf --np "$1" --transport "$2" -b "$3" -e "$3" -f 2 \
-        -n "$4" -w "$5" -c 0 -a "$AVG" --algo "$ALGO" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
+        -n "$4" -w "$5" -c 0 -a "$AVG" --algo "$ALGO" --rotate "$ROTATE" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
     awk '$0 !~ /^[[:space:]]*#/ && NF >= 8 { print $6, $8; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "busbw: no data row in: $out" >&2; return 1; }
 }
@@ -130,7 +137,7 @@ run_peer() { # np transport bytes iters warmup -> "time busbw"
     if [[ $2 == shm ]]; then btl=(--mca pml ob1 --mca btl self,vader)
     else btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo); fi
     local out
-    out=$("${RT[@]}" "${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" 2>&1) \
+    out=$("${RT[@]}" "${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" -r "$(to_bytes "$ROTATE")" 2>&1) \
         || { echo "peer failed (rc $?): $out" >&2; return 1; }
     awk '$0 !~ /^[[:space:]]*#/ && NF >= 6 { print $3, $5; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "peer: no data row in: $out" >&2; return 1; }
@@ -140,7 +147,7 @@ START=$(date +%s)
 echo "# vs_openmpi.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  host $(hostname)  cores $(nproc)"
 echo "# busbw: $BUSBW ($("$BUSBW" --version 2>/dev/null || echo '?'))"
 echo "# openmpi: $(mpirun --version 2>/dev/null | head -1)"
-echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0 --algo $ALGO, peer validates${RT:+, both under ${RT[*]}}"
+echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0 --algo $ALGO, both rotate over $ROTATE, peer validates${RT:+, both under ${RT[*]}}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 read -r _ mb mreps mbest mmed < <("${RT[@]}" "$MEMCPY")

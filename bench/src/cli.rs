@@ -1,7 +1,7 @@
 //! Command line. Flags, defaults and meanings follow nccl-tests (`-b -e -i -f -n -w -c -o -d
 //! -a -N -T ...`) so that existing runbooks work unchanged; `--np` and `--min-busbw` are ours.
 
-use crate::sizes::parse_size;
+use crate::sizes::{parse_size, Rotation};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
@@ -347,6 +347,11 @@ pub struct PerfArgs {
         allow_negative_numbers = true
     )]
     pub unalign: i64,
+    /// Window the timed loop rotates its buffers over, so sizes below it run from memory
+    /// rather than from a core's cache, the same alone as inside any sweep; `max` is
+    /// nccl-tests' rule (the sweep's largest size), 0 never moves them.
+    #[arg(long = "rotate", default_value_t = Rotation::DEFAULT, value_parser = Rotation::parse)]
+    pub rotate: Rotation,
     /// 1: a memory usage line in the footer (host memory per process; device memory with -g).
     #[arg(
         short = 'M',

@@ -177,6 +177,7 @@ pub fn start_record(
             cputime: plan.cputime,
             blocking: plan.blocking,
             unalign: plan.unalign,
+            rotate: Some(plan.rotation.to_string()),
             parallel_init: plan.parallel_init,
         },
         world: WorldRecord {

@@ -162,9 +162,15 @@ impl Clock {
     }
 }
 
+/// A buffer with every page already mapped: the operating system maps a fresh allocation on
+/// first touch, and a touch inside the timed loop (the first pass over the rotation's window)
+/// would time page faults, which nccl-tests' device memory never takes.
 fn alloc(bytes: usize, what: &str, rank: usize) -> Result<HostBuffer> {
-    HostBuffer::new(bytes).with_context(|| {
-        format!("rank {rank}: cannot allocate {bytes} bytes for the {what} buffer; lower -e")
+    HostBuffer::mapped(bytes).with_context(|| {
+        format!(
+            "rank {rank}: cannot allocate {bytes} bytes for the {what} buffer; lower -e (or \
+             --rotate, whose window every buffer holds)"
+        )
     })
 }
 
@@ -192,8 +198,12 @@ pub fn run_with(
             max_recv = max_recv.max(c.recv_bytes);
         }
     }
-    // In place, one buffer holds the larger of the two layouts.
-    let max_recv = max_recv.max(max_send);
+    // In place, one buffer holds the larger of the two layouts; both hold the rotation's
+    // window, so a size rotates over the same bytes whatever the sweep's largest size.
+    let max_expected = max_recv.max(max_send);
+    let window = usize::try_from(plan.rotation.window_bytes()).unwrap_or(usize::MAX);
+    let max_send = max_send.max(window);
+    let max_recv = max_expected.max(window);
     // Room for -u of the widest type (nccl-tests pads by 8 bytes per element of shift).
     let pad = 8 * plan.unalign as usize;
     let mut meter = Meter::start(plan, dev.as_deref_mut())?;
@@ -201,7 +211,7 @@ pub fn run_with(
         send: alloc(max_send + pad, "send", rank)?,
         recv: alloc(max_recv + pad, "receive", rank)?,
         expected: if plan.check > 0 {
-            Some(alloc(max_recv, "expected-result", rank)?)
+            Some(alloc(max_expected, "expected-result", rank)?)
         } else {
             None
         },
@@ -618,7 +628,7 @@ fn bench(
     mem.op(comm, spec, ctx, 0, false)?;
     barrier(comm)?;
 
-    let shifts = mem.shifts(span);
+    let shifts = plan.rotation.positions(span, mem.shifts(span));
     let agg = plan.agg_iters as usize;
     let total_ops = plan.iters as usize * agg;
     // The host clock gives the row's time (and -z's barriers); the laps are the memory's
@@ -829,64 +839,109 @@ mod tests {
         assert!(laps.iter().all(|&l| close(l, 0.010)), "{laps:?}");
     }
 
-    /// Where the spy saw each operation's send and receive data start, modulo 64.
-    static SEEN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    /// What a spy saw of one operation: rank, send bytes, send and receive addresses.
+    type Seen = (usize, usize, usize, usize);
 
-    fn spy<'a>(
-        comm: &mut Communicator,
-        send: &'a [u8],
-        recv: &'a mut [u8],
-        space: MemorySpace<'a>,
-        ctx: &DataCtx,
-    ) -> Result<(), busbw_collectives::CommError> {
-        let at = (send.as_ptr() as usize % 64, recv.as_ptr() as usize % 64);
-        SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(at);
-        let real = crate::specs::find("all_reduce").unwrap();
-        (real.run)(comm, send, recv, space, ctx)
+    /// A `RunFn` that records each operation in `$log` and runs the real AllReduce. Each test
+    /// has its own log: tests run at once.
+    macro_rules! spy {
+        ($name:ident, $log:ident) => {
+            static $log: std::sync::Mutex<Vec<Seen>> = std::sync::Mutex::new(Vec::new());
+            fn $name<'a>(
+                comm: &mut Communicator,
+                send: &'a [u8],
+                recv: &'a mut [u8],
+                space: MemorySpace<'a>,
+                ctx: &DataCtx,
+            ) -> Result<(), busbw_collectives::CommError> {
+                let at = (
+                    ctx.rank,
+                    ctx.counts.send_bytes,
+                    send.as_ptr() as usize,
+                    recv.as_ptr() as usize,
+                );
+                $log.lock().unwrap_or_else(|e| e.into_inner()).push(at);
+                let real = crate::specs::find("all_reduce").unwrap();
+                (real.run)(comm, send, recv, space, ctx)
+            }
+        };
     }
+    spy!(unalign_spy, UNALIGNED);
+    spy!(rotation_spy, ROTATED);
 
-    #[test]
-    fn unalign_shifts_every_operation_by_whole_elements_and_still_validates() {
+    /// `busbw all_reduce_perf <flags>` on two in-process ranks with `run` as the AllReduce:
+    /// each rank's count of wrong elements, and what `log` recorded (taken out of it).
+    fn run_spied(
+        flags: &str,
+        run: crate::specs::RunFn,
+        log: &std::sync::Mutex<Vec<Seen>>,
+    ) -> (Plan, Vec<u64>, Vec<Seen>) {
         use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "busbw",
-            "all_reduce_perf",
-            "-b",
-            "64",
-            "-e",
-            "256",
-            "-f",
-            "2",
-            "-n",
-            "3",
-            "-u",
-            "3",
-            "-d",
-            "float",
-        ])
-        .unwrap();
+        let args = ["busbw", "all_reduce_perf"]
+            .into_iter()
+            .chain(flags.split_whitespace());
+        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
         let real = crate::specs::find("all_reduce").unwrap();
         let spec: &'static crate::specs::CollectiveSpec =
-            Box::leak(Box::new(crate::specs::CollectiveSpec { run: spy, ..*real }));
+            Box::leak(Box::new(crate::specs::CollectiveSpec { run, ..*real }));
         let plan = Plan::new(spec, cli.command.args().unwrap()).unwrap();
-        assert_eq!(plan.unalign, 3);
         let comms = busbw_collectives::testing::thread_world(
             2,
             busbw_collectives::testing::ThreadTransport::Inproc,
             Default::default(),
         )
         .unwrap();
-        let sums = busbw_collectives::testing::run_threads(comms, |c| {
+        let wrong = busbw_collectives::testing::run_threads(comms, |c| {
             super::run(c, &plan, None).map(|s| s.out_of_bounds)
-        });
-        for s in sums {
-            assert_eq!(s.unwrap(), 0, "validation fails on shifted buffers");
-        }
-        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        })
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+        let seen = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
+        (plan, wrong, seen)
+    }
+
+    #[test]
+    fn unalign_shifts_every_operation_by_whole_elements_and_still_validates() {
+        let flags = "-b 64 -e 256 -f 2 -n 3 -u 3 -d float";
+        let (plan, wrong, seen) = run_spied(flags, unalign_spy, &UNALIGNED);
+        assert_eq!(plan.unalign, 3);
+        assert_eq!(wrong, [0, 0], "validation fails on shifted buffers");
         // Warmup, untimed, timed and validation operations, 2 ranks, 3 sizes, 2 placements.
         assert!(seen.len() > 30, "{}", seen.len());
         // 3 floats: 12 bytes past the 4 KiB-aligned buffers, and rotations move by the
         // size (a multiple of 64).
-        assert!(seen.iter().all(|&at| at == (12, 12)), "{seen:?}");
+        let at: Vec<(usize, usize)> = seen.iter().map(|s| (s.2 % 64, s.3 % 64)).collect();
+        assert!(at.iter().all(|&a| a == (12, 12)), "{at:?}");
+    }
+
+    /// Distinct send addresses rank 0 used for 64-byte operations, and how far apart the
+    /// extremes are, in a run of `-b 64 -e <max> --rotate <rotate>`.
+    fn positions_of_64(max: &str, rotate: &str) -> (usize, usize) {
+        let flags = format!("-b 64 -e {max} -f 4 -n 40 -c 0 -d float --rotate {rotate}");
+        let (_, _, seen) = run_spied(&flags, rotation_spy, &ROTATED);
+        let mut at: Vec<usize> = seen
+            .iter()
+            .filter(|s| s.0 == 0 && s.1 == 64)
+            .map(|s| s.2)
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        (at.len(), at[at.len() - 1] - at[0])
+    }
+
+    #[test]
+    fn a_size_rotates_over_the_same_window_alone_and_inside_a_sweep() {
+        // One configuration after the other: they share the spy's log.
+        // --rotate 1K: 16 positions of 64 bytes, 960 bytes from first to last, whether the
+        // sweep ends at 64 bytes or goes on to 4 KiB.
+        assert_eq!(positions_of_64("64", "1K"), (16, 960));
+        assert_eq!(positions_of_64("4K", "1K"), (16, 960));
+        // nccl-tests' rule differs between the two: alone the buffers never move; inside the
+        // sweep they cover the 4 KiB buffer (40 iterations reach 40 of its 64 positions).
+        assert_eq!(positions_of_64("64", "max"), (1, 0));
+        assert_eq!(positions_of_64("4K", "max"), (40, 39 * 64));
+        // 0: never moved.
+        assert_eq!(positions_of_64("4K", "0"), (1, 0));
     }
 }

@@ -60,6 +60,8 @@ pub struct Plan {
     pub blocking: u8,
     /// `-u`: elements by which the send and receive buffers are shifted.
     pub unalign: u32,
+    /// `--rotate`: the window the timed loop moves its buffers over.
+    pub rotation: sizes::Rotation,
     /// `-M 1`: the memory usage line in the footer.
     pub memory_report: bool,
     /// `-p 1`: only the header line; busbw's ranks always initialise concurrently.
@@ -323,6 +325,7 @@ impl Plan {
             timestamps: a.report_timestamps != 0,
             blocking,
             unalign: a.unalign as u32,
+            rotation: a.rotate,
             memory_report: a.memory != 0,
             parallel_init: a.parallel_init != 0,
             split,
@@ -388,6 +391,7 @@ impl Plan {
             ("-S/--report_timestamps", self.timestamps.to_string()),
             ("-z/--blocking", self.blocking.to_string()),
             ("-u/--unalign", self.unalign.to_string()),
+            ("--rotate", self.rotation.to_string()),
             ("-M/--memory", self.memory_report.to_string()),
             ("-p/--parallel_init", self.parallel_init.to_string()),
             ("NCCL_TESTS_SPLIT(_MASK)", format!("{:?}", self.split)),

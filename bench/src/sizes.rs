@@ -59,6 +59,78 @@ pub fn warmup_sizes(min: u64, max: u64) -> Vec<u64> {
     sweep(min, max, 0, 2)
 }
 
+/// How far the timed loop moves its buffers between operations (`--rotate`).
+///
+/// nccl-tests shifts iteration k by `bytes × (k mod ⌊maxBytes/bytes⌋)`, so the window a size
+/// rotates over is the sweep's largest size: the same 2 MiB row runs from cache alone (`-b 2M
+/// -e 2M`, one position) and from memory inside `-b 8 -e 16M` (eight positions, 16 MiB of
+/// buffers per rank), and on a CPU with 4 MiB of L2 the two differ twofold. A window fixed
+/// independently of `-e` makes a size measure the same wherever it runs; `max` keeps
+/// nccl-tests' own rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rotation {
+    /// Rotate over this many bytes (0: never move the buffers).
+    Window(u64),
+    /// nccl-tests: over the sweep's largest buffer.
+    Max,
+}
+
+impl Rotation {
+    /// Out of every cache of a current CPU core (L2 up to 4 MiB), yet small enough that the
+    /// buffers it adds stay within the memory budget (3 × the largest buffer + 64 MiB) even
+    /// for a sweep of small sizes: two buffers of 16 MiB.
+    pub const DEFAULT: Rotation = Rotation::Window(16 << 20);
+
+    /// Bytes the buffers must hold for the window, beyond the sweep's own largest size.
+    pub fn window_bytes(self) -> u64 {
+        match self {
+            Rotation::Window(w) => w,
+            Rotation::Max => 0,
+        }
+    }
+
+    /// How many `span`-sized positions the loop cycles through, given the buffers hold
+    /// `room` of them.
+    pub fn positions(self, span: usize, room: usize) -> usize {
+        let room = room.max(1);
+        match self {
+            Rotation::Max => room,
+            Rotation::Window(w) => usize::try_from(w)
+                .unwrap_or(usize::MAX)
+                .checked_div(span)
+                .unwrap_or(1)
+                .clamp(1, room),
+        }
+    }
+
+    /// `--rotate`: `max`, or a size with nccl-tests' suffixes.
+    pub fn parse(text: &str) -> Result<Rotation, String> {
+        if text.trim().eq_ignore_ascii_case("max") {
+            return Ok(Rotation::Max);
+        }
+        parse_size(text)
+            .map(Rotation::Window)
+            .map_err(|e| format!("{e}; or `max` for nccl-tests' window, the largest size"))
+    }
+}
+
+impl std::fmt::Display for Rotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rotation::Window(w) => {
+                match [(30, "G"), (20, "M"), (10, "K")]
+                    .into_iter()
+                    .find(|&(sh, _)| *w != 0 && w % (1u64 << sh) == 0)
+                {
+                    Some((sh, unit)) => write!(f, "{}{unit}", w >> sh),
+                    None => write!(f, "{w}"),
+                }
+            }
+            Rotation::Max => f.write_str("max"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +155,33 @@ mod tests {
         assert_eq!(sweep(5, 5, 0, 1), vec![5]);
         assert_eq!(sweep(0, 0, 0, 2), vec![0]);
         assert_eq!(warmup_sizes(8, 100), vec![8, 16, 32, 64]);
+    }
+
+    #[test]
+    fn rotation_window_is_independent_of_the_sweep() {
+        let w = Rotation::Window(16 << 20);
+        // 2 MiB: eight positions whether the buffers hold 2 MiB (alone, with the window
+        // allocated) or 64 MiB (inside a larger sweep).
+        assert_eq!(w.positions(2 << 20, 8), 8);
+        assert_eq!(w.positions(2 << 20, 32), 8);
+        // Sizes at or beyond the window stay put; never more positions than the room.
+        assert_eq!(w.positions(16 << 20, 4), 1);
+        assert_eq!(w.positions(64 << 20, 1), 1);
+        assert_eq!(w.positions(8, 3), 3);
+        assert_eq!(Rotation::Window(0).positions(8, 100), 1);
+        // nccl-tests' rule: as many as the buffers hold.
+        assert_eq!(Rotation::Max.positions(2 << 20, 8), 8);
+        assert_eq!(Rotation::Max.positions(2 << 20, 0), 1);
+        assert_eq!(Rotation::parse("max"), Ok(Rotation::Max));
+        assert_eq!(Rotation::parse("4M"), Ok(Rotation::Window(4 << 20)));
+        assert_eq!(Rotation::parse("0"), Ok(Rotation::Window(0)));
+        assert!(Rotation::parse("lots").unwrap_err().contains("`max`"));
+        assert_eq!(Rotation::DEFAULT.to_string(), "16M");
+        assert_eq!(Rotation::Window(1536).to_string(), "1536");
+        assert_eq!(Rotation::Window(3 << 30).to_string(), "3G");
+        assert_eq!(Rotation::Window(0).to_string(), "0");
+        for r in [Rotation::DEFAULT, Rotation::Max, Rotation::Window(1536)] {
+            assert_eq!(Rotation::parse(&r.to_string()), Ok(r));
+        }
     }
 }

@@ -35,6 +35,20 @@ impl HostBuffer {
         Some(HostBuffer { ptr, len })
     }
 
+    /// [`HostBuffer::new`] with every page mapped now (by writing the zeros it holds), so
+    /// that first touches do not fault later, inside a measurement.
+    pub fn mapped(len: usize) -> Option<Self> {
+        const PAGE: usize = 4096;
+        let b = Self::new(len)?;
+        let base = b.ptr.as_ptr();
+        for at in (0..b.len).step_by(PAGE) {
+            // SAFETY: `at < len`, inside the allocation, which is zeroed: the store keeps its
+            // contents. Volatile so that it is not elided as a write of the value there.
+            unsafe { base.add(at).write_volatile(0) };
+        }
+        Some(b)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -266,6 +266,14 @@ pub fn compare(base: &RunRecord, new: &RunRecord, threshold_pct: f64) -> Compari
         base.plan.iters.to_string(),
         new.plan.iters.to_string(),
     );
+    // Sizes below the window run from cache under one rotation and from memory under the
+    // other: a change there is not the fabric's.
+    let rotate = |p: &crate::run::PlanRecord| p.rotate.clone().unwrap_or_else(|| "max".into());
+    differ(
+        "buffer rotation (--rotate)",
+        rotate(&base.plan),
+        rotate(&new.plan),
+    );
     Comparison {
         threshold_pct,
         rows,
@@ -447,6 +455,19 @@ mod tests {
         assert!(c
             .table()
             .contains("note: ranks differs: 2 (baseline) vs 4 (new)"));
+    }
+
+    #[test]
+    fn a_different_rotation_is_noted() {
+        let base = sample::run_with_tiers();
+        let mut new = base.clone();
+        assert!(compare(&base, &new, 5.0).notes.is_empty());
+        // A record from before --rotate (or nccl-tests' own) rotated as `max` does.
+        new.plan.rotate = None;
+        let c = compare(&base, &new, 5.0);
+        assert!(c
+            .table()
+            .contains("note: buffer rotation (--rotate) differs: 16M (baseline) vs max (new)"));
     }
 
     #[test]

@@ -102,6 +102,11 @@ pub struct PlanRecord {
     /// `-u`: elements the buffers were shifted by.
     #[serde(default)]
     pub unalign: u32,
+    /// `--rotate`: the window the timed loop moved its buffers over (`16M`, `max`), which
+    /// decides whether small sizes ran from cache. Absent from nccl-tests' records and from
+    /// busbw's before the flag existed, both of which rotated as `max` does.
+    #[serde(default)]
+    pub rotate: Option<String>,
     /// `-p 1`.
     #[serde(default)]
     pub parallel_init: bool,

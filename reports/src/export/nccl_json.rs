@@ -483,6 +483,7 @@ pub fn import(v: &serde_json::Value) -> Result<RunRecord, String> {
             // nccl-tests writes booleans as strings; the mode itself is not recorded.
             blocking: u8::from(flag(cfg, "blocking_collectives")),
             unalign: 0,
+            rotate: None,
             parallel_init: flag(cfg, "parallel_init"),
         },
         world: WorldRecord {

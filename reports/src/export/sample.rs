@@ -74,6 +74,7 @@ pub fn run() -> RunRecord {
             cputime: false,
             blocking: 0,
             unalign: 0,
+            rotate: Some("16M".into()),
             parallel_init: false,
         },
         world: WorldRecord {
