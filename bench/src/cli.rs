@@ -436,10 +436,11 @@ pub struct PerfArgs {
     )]
     pub root: i64,
     /// AllReduce algorithm: ring, tree (double binary tree), rd (recursive doubling, MPI's
-    /// short-message algorithm), or auto (chosen per size from a cost model calibrated at
-    /// start; adds an `algo` column to the table).
-    #[arg(long = "algo", env = "NCCL_ALGO", default_value = "ring", value_parser = parse_algo)]
-    pub algo: Algo,
+    /// short-message algorithm), or auto (per size, from every algorithm timed on this job at
+    /// start; adds an `algo` column to the table). Not given: auto's choice without the
+    /// column, as NCCL chooses when NCCL_ALGO is unset.
+    #[arg(long = "algo", env = "NCCL_ALGO", value_parser = parse_algo)]
+    pub algo: Option<Algo>,
     /// How this process finds its job: auto (detect from the environment; see README "Run on
     /// a cluster"), local, env (torchrun variables), volcano, mpi, slurm or k8s.
     #[arg(long = "launcher", env = "BUSBW_LAUNCHER", default_value = "auto", value_parser = parse_launcher)]

@@ -444,6 +444,7 @@ fn sweep(
                 for c in &comments {
                     sink.comment(c).context("writing the results")?;
                 }
+                let chosen = model.map(|m| m.choose(counts.send_bytes, n));
                 let row = Row {
                     size: counts.size() as u64,
                     count: counts.count as u64,
@@ -455,15 +456,16 @@ fn sweep(
                     root: if spec.rooted { root as i64 } else { -1 },
                     out_of_place: oop,
                     in_place: ip,
-                    extra: match model {
-                        Some(m) => vec![m.choose(counts.send_bytes, n).name().into()],
-                        None => vec![],
+                    extra: match (chosen, plan.algo_column) {
+                        (Some(a), true) => vec![a.name().into()],
+                        _ => vec![],
                     },
                 };
                 sink.measured(&Measured {
                     row,
                     out_of_place: doop,
                     in_place: dip,
+                    algo: chosen.map(|a| a.name().into()),
                 })
                 .context("writing the results")?;
             }

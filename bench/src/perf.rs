@@ -12,7 +12,6 @@ use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
 use crate::threads;
 use anyhow::{Context, Result};
-use busbw_collectives::algo::Algo;
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::{CommError, ReduceOp};
 use busbw_launchers::signal;
@@ -780,7 +779,7 @@ pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
         blocking: plan.blocking,
         parallel_init: plan.parallel_init,
         devices: session.devices.clone(),
-        extra_columns: if plan.algo == Algo::Auto {
+        extra_columns: if plan.algo_column {
             vec!["algo".into()]
         } else {
             vec![]

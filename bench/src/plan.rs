@@ -37,6 +37,9 @@ pub struct Plan {
     pub root: i64,
     /// AllReduce algorithm (collectives without a choice ignore it).
     pub algo: Algo,
+    /// `--algo auto` asked for by name: the table shows each row's choice in an `algo`
+    /// column. Left to the default, auto chooses the same but the table stays nccl-tests'.
+    pub algo_column: bool,
     /// `--transport`.
     pub transport: TransportKind,
     pub average: Average,
@@ -310,7 +313,12 @@ impl Plan {
             dtypes,
             ops,
             root: a.root,
-            algo: if spec.algos { a.algo } else { Algo::Ring },
+            algo: match a.algo {
+                _ if !spec.algos => Algo::Ring,
+                Some(algo) => algo,
+                None => Algo::Auto,
+            },
+            algo_column: spec.algos && a.algo == Some(Algo::Auto),
             transport: a.transport,
             average,
             cycles: a.run_cycles,

@@ -136,7 +136,14 @@ pub fn main(t: &TiersArgs) -> i32 {
         );
         return exit::USAGE;
     }
-    perf::main_with(spec, &t.perf, &|session, plan, world| {
+    // Tiers compare groups and links with one algorithm, the ring unless --algo names
+    // another: auto would time every algorithm again before each group's and pair's run,
+    // longer than many of those runs take.
+    let mut perf_args = t.perf.clone();
+    perf_args
+        .algo
+        .get_or_insert(busbw_collectives::algo::Algo::Ring);
+    perf::main_with(spec, &perf_args, &|session, plan, world| {
         run(session, plan, world, &opts)
     })
 }

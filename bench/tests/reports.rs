@@ -39,8 +39,12 @@ impl Drop for TempDir {
     }
 }
 
-const SWEEP: [&str; 10] = [
+/// The algorithm is pinned: left to auto, which rows run which algorithm depends on the
+/// machine's timings, and so would the records' `algo` and the plots grouped by it.
+const SWEEP: [&str; 12] = [
     "all_reduce_perf",
+    "--algo",
+    "ring",
     "--np",
     "2",
     "-b",

@@ -86,8 +86,49 @@ pub const NCCL_TREE_BW_FACTOR: f64 = 2.0 / 0.92;
 /// How much faster than the ring another algorithm must be predicted to be chosen.
 pub const RING_MARGIN: f64 = 0.1;
 
+/// The algorithms [`calibrate`] times, in [`Measured::secs`]' order.
+pub const PROBED: [Algo; 3] = [Algo::Ring, Algo::Tree, Algo::Rd];
+
+/// Every probed algorithm timed at a few sizes on this job: what [`CostModel::choose`] goes
+/// by when present, instead of the hop formulas of [`CostModel::predict`], which assume that
+/// a hop costs the same in every algorithm. It does not: recursive doubling's exchange is one
+/// message each way and the ring's step a pipelined chunk, and on shared memory the cache
+/// traffic of each differs more than their hop counts do.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measured {
+    /// Probe sizes, ascending.
+    pub bytes: [usize; 4],
+    /// Median seconds per call, `[algorithm in PROBED order][probe]`.
+    pub secs: [[f64; 4]; 3],
+}
+
+impl Measured {
+    /// Seconds for `bytes` with `PROBED[a]`: linear between the probes, the smallest probe's
+    /// time below it (latency-bound), and the last stretch's slope (bandwidth) beyond the
+    /// largest.
+    pub fn time(&self, a: usize, bytes: usize) -> f64 {
+        let (xs, ys) = (&self.bytes, &self.secs[a]);
+        let x = bytes as f64;
+        if bytes <= xs[0] {
+            return ys[0];
+        }
+        let last = xs.len() - 1;
+        let seg = (1..=last).find(|&i| bytes <= xs[i]).unwrap_or(last);
+        let (x0, x1) = (xs[seg - 1] as f64, xs[seg] as f64);
+        if x1 <= x0 {
+            return ys[seg];
+        }
+        let slope = (ys[seg] - ys[seg - 1]) / (x1 - x0);
+        if bytes > xs[last] {
+            // Time cannot shrink with size, whatever noise says.
+            return ys[last] + slope.max(0.0) * (x - x1);
+        }
+        ys[seg - 1] + slope * (x - x0)
+    }
+}
+
 /// A two-parameter (alpha-beta) cost model of one job's links, plus the tree's measured
-/// bandwidth factor.
+/// bandwidth factor, and (from [`calibrate`]) every algorithm's measured times.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostModel {
     /// Latency of one hop (a message from a rank to its neighbour and the neighbour acting
@@ -98,6 +139,8 @@ pub struct CostModel {
     /// The tree's bandwidth term is `tree_bw_factor · bytes / beta` (the ring's is
     /// `2(n-1)/n · bytes / beta`); see [`NCCL_TREE_BW_FACTOR`].
     pub tree_bw_factor: f64,
+    /// Measured times per algorithm and size, which the choice follows when present.
+    pub measured: Option<Measured>,
 }
 
 /// Depth of the trees when every rank is its own node (the local case [`calibrate`]
@@ -113,6 +156,7 @@ impl CostModel {
             alpha_us,
             beta_gbps,
             tree_bw_factor: NCCL_TREE_BW_FACTOR,
+            measured: None,
         }
     }
 
@@ -155,11 +199,22 @@ impl CostModel {
     /// bandwidth terms come from a few runs on a possibly busy machine, and where two
     /// predictions are that close the measured difference is noise (on two local ranks the
     /// tree and the ring move the same bytes).
+    ///
+    /// With [`CostModel::measured`], the times compared are the measured ones (interpolated
+    /// between the probe sizes), so the choice is this machine's, per size and for this
+    /// job's rank count.
     pub fn choose(&self, bytes: usize, nranks: usize) -> Algo {
-        let ring = self.predict(Algo::Ring, bytes, nranks);
+        if nranks <= 1 {
+            return Algo::Ring;
+        }
+        let time = |a: Algo| match (&self.measured, PROBED.iter().position(|&p| p == a)) {
+            (Some(m), Some(i)) => m.time(i, bytes),
+            _ => self.predict(a, bytes, nranks),
+        };
+        let ring = time(Algo::Ring);
         let mut best = (Algo::Ring, ring);
         for a in [Algo::Tree, Algo::Rd] {
-            let t = self.predict(a, bytes, nranks);
+            let t = time(a);
             if t < ring * (1.0 - RING_MARGIN) && t < best.1 {
                 best = (a, t);
             }
@@ -186,12 +241,12 @@ impl CostModel {
     }
 }
 
-/// Repetitions of the calibration run: a couple of hundred milliseconds for eight local
-/// ranks. The large size is bandwidth-bound and large enough for both trees at the default
-/// segment size.
-const SMALL_REPS: usize = 7;
+/// Repetitions of the calibration runs: well under a second for eight local ranks. The
+/// largest probe is bandwidth-bound and large enough for both trees at the default segment
+/// size; it takes fewer repetitions, being the longest.
+const SMALL_REPS: usize = 5;
 const LARGE_BYTES: usize = 2 << 20;
-const LARGE_PAIRS: usize = 3;
+const LARGE_REPS: usize = 3;
 
 /// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`.
 fn time_one(
@@ -218,11 +273,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Measure the job's [`CostModel`]: small ring AllReduces for the hop latency (`2(n-1)` hops
-/// each; the size gives every ring chunk at least one element, so no step is skipped), then
-/// a larger size alternately over the ring (link bandwidth) and the tree (its bandwidth
-/// factor), so that load from elsewhere hits both alike. Medians throughout: one preempted
-/// repetition must not move the model.
+/// Measure the job's [`CostModel`]: every algorithm of [`PROBED`] at four sizes, from one
+/// that gives every ring chunk at least one element (so no step is skipped; the hop latency)
+/// to [`LARGE_BYTES`] (the bandwidth), the algorithms in a rotating order so that load from
+/// elsewhere hits all alike, medians throughout: one preempted repetition must not move the
+/// model. The alpha-beta terms are fitted to the ring's and the tree's times, for reports.
 ///
 /// A collective: every rank calls it at the same point, and every rank returns the identical
 /// model (built from the element-wise maximum of all ranks' measurements), so all choose the
@@ -235,27 +290,46 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
         bytes: LARGE_BYTES,
         what: "calibration buffer",
     })?;
-    let small_bytes = (4 * n.max(256)).min(LARGE_BYTES);
-    let mut small = Vec::with_capacity(SMALL_REPS);
-    let (mut ring, mut tree) = (Vec::new(), Vec::new());
-    // Round 0 of each is untimed: it opens connections and grows buffers.
-    for i in 0..=SMALL_REPS {
-        let t = time_one(comm, &mut buf, Algo::Ring, small_bytes)?;
-        if i > 0 {
-            small.push(t);
+    let small = (4 * n.max(256)).min(LARGE_BYTES);
+    let probes = [
+        small,
+        (16 << 10).max(small),
+        (256 << 10).max(small),
+        LARGE_BYTES,
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PROBED.len() * probes.len()];
+    for (p, &bytes) in probes.iter().enumerate() {
+        let reps = if bytes >= LARGE_BYTES {
+            LARGE_REPS
+        } else {
+            SMALL_REPS
+        };
+        // Round 0 is untimed: it opens connections and grows buffers.
+        for rep in 0..=reps {
+            for k in 0..PROBED.len() {
+                let a = (k + rep) % PROBED.len();
+                let t = time_one(comm, &mut buf, PROBED[a], bytes)?;
+                if rep > 0 {
+                    samples[a * probes.len() + p].push(t);
+                }
+            }
         }
     }
-    for i in 0..=LARGE_PAIRS {
-        let r = time_one(comm, &mut buf, Algo::Ring, LARGE_BYTES)?;
-        let t = time_one(comm, &mut buf, Algo::Tree, LARGE_BYTES)?;
-        if i > 0 {
-            ring.push(r);
-            tree.push(t);
-        }
-    }
-    let mut v = [median(small), median(ring), median(tree)];
+    let mut v: Vec<f64> = samples.into_iter().map(median).collect();
     all_reduce_values(comm, &mut v, ReduceOp::Max)?;
-    Ok(model_from(n, v[0], v[1], v[2]))
+    let mut secs = [[0.0; 4]; 3];
+    for (a, row) in secs.iter_mut().enumerate() {
+        row.copy_from_slice(&v[a * probes.len()..(a + 1) * probes.len()]);
+    }
+    let last = probes.len() - 1;
+    let model = model_from(n, secs[0][0], secs[0][last], secs[1][last]);
+    Ok(CostModel {
+        measured: Some(Measured {
+            bytes: probes,
+            secs,
+        }),
+        ..model
+    })
 }
 
 /// Fit the model to a small and a large ring time and a large tree time (seconds) under the
@@ -276,6 +350,7 @@ fn model_from(n: usize, small: f64, ring: f64, tree: f64) -> CostModel {
         alpha_us: alpha * 1e6,
         beta_gbps: beta / 1e9,
         tree_bw_factor: factor.clamp(0.25, 16.0),
+        measured: None,
     }
 }
 
@@ -367,6 +442,7 @@ mod tests {
             alpha_us: 15.0,
             beta_gbps: 3.0,
             tree_bw_factor: 1.9,
+            measured: None,
         };
         let small = truth.predict(Algo::Ring, 0, 8);
         let ring = truth.predict(Algo::Ring, LARGE_BYTES, 8);
@@ -390,5 +466,44 @@ mod tests {
             ..truth
         };
         assert_eq!(fast.crossover_bytes(8), (1usize << 40) - 1);
+    }
+
+    #[test]
+    fn measured_times_decide_where_present() {
+        // Hop formulas say recursive doubling at 8 B; the measurements say the ring is faster
+        // up to 16 KiB, then the tree, then the ring again from some size beyond 256 KiB.
+        let ms = |v: [f64; 4]| v.map(|x| x * 1e-6);
+        let m = CostModel {
+            measured: Some(Measured {
+                bytes: [1024, 16 << 10, 256 << 10, 2 << 20],
+                secs: [
+                    ms([1.0, 4.0, 60.0, 400.0]),
+                    ms([3.0, 5.0, 40.0, 440.0]),
+                    ms([2.0, 8.0, 90.0, 900.0]),
+                ],
+            }),
+            ..CostModel::new(20.0, 2.0)
+        };
+        assert_eq!(CostModel::new(20.0, 2.0).choose(8, 2), Algo::Rd);
+        assert_eq!(m.choose(8, 2), Algo::Ring);
+        assert_eq!(
+            m.choose(16 << 10, 2),
+            Algo::Ring,
+            "the tree is not 10 % faster"
+        );
+        assert_eq!(m.choose(256 << 10, 2), Algo::Tree);
+        assert_eq!(m.choose(64 << 20, 2), Algo::Ring);
+        assert_eq!(m.choose(1 << 20, 1), Algo::Ring, "one rank");
+        let t = m.measured.unwrap();
+        // Linear between probes, flat below, the last slope beyond.
+        assert!((t.time(0, 8) - 1e-6).abs() < 1e-15);
+        assert!((t.time(0, (16 << 10) + (240 << 10) / 2) - 32e-6).abs() < 1e-12);
+        let slope = 340e-6 / ((2 << 20) - (256 << 10)) as f64;
+        let far = t.time(0, 4 << 20);
+        assert!((far - (400e-6 + slope * (2 << 20) as f64)).abs() < 1e-12);
+        // A noisy last stretch that falls does not predict faster large calls.
+        let mut noisy = t;
+        noisy.secs[2][3] = 80e-6;
+        assert_eq!(noisy.time(2, 64 << 20), 80e-6);
     }
 }

@@ -227,21 +227,27 @@ pub struct Measured {
     pub row: Row,
     pub out_of_place: CellDetail,
     pub in_place: CellDetail,
+    /// The algorithm the row ran, when the run chose per size without showing it in the
+    /// table (AllReduce without `--algo`): the record keeps what the table leaves out.
+    pub algo: Option<String>,
 }
 
 impl RowRecord {
-    /// `extra_columns` names the row's extra values (the header's); an `algo` column wins
-    /// over the run's `default_algo`.
+    /// `extra_columns` names the row's extra values (the header's); the algorithm the row
+    /// says it ran wins, then an `algo` column, then the run's `default_algo`.
     pub fn from_measured(
         m: &Measured,
         extra_columns: &[String],
         default_algo: Option<&str>,
     ) -> Self {
         let r = &m.row;
-        let algo = extra_columns
-            .iter()
-            .position(|c| c == "algo")
-            .and_then(|i| r.extra.get(i).cloned())
+        let algo = m
+            .algo
+            .clone()
+            .or_else(|| {
+                let i = extra_columns.iter().position(|c| c == "algo")?;
+                r.extra.get(i).cloned()
+            })
             .or_else(|| default_algo.map(String::from));
         let cell = |c: &crate::Cell, d: &CellDetail| CellRecord {
             time_us: c.time_us,

@@ -182,6 +182,7 @@ impl Sink for ExportSink {
             out_of_place: detail(&r.out_of_place),
             in_place: detail(&r.in_place),
             row: r.clone(),
+            algo: None,
         })
     }
 

@@ -278,6 +278,7 @@ pub fn measured(r: &RowRecord) -> Measured {
         },
         out_of_place: d(&r.out_of_place),
         in_place: d(&r.in_place),
+        algo: r.algo.clone(),
     }
 }
 
