@@ -226,6 +226,9 @@ pub fn classify(e: &anyhow::Error) -> i32 {
             return match c {
                 CommError::Timeout { .. } => exit::TIMEOUT,
                 CommError::Aborted { .. } | CommError::Transport { .. } => exit::PEER_FAILURE,
+                // What the lookup failed on (a peer that never registered, one no transport
+                // reaches) decides.
+                CommError::Lookup { .. } => continue,
                 _ => exit::INTERNAL,
             };
         }
@@ -262,7 +265,7 @@ fn peer_host(session: &Session, e: &anyhow::Error) -> Option<String> {
         .chain()
         .find_map(|c| c.downcast_ref::<CommError>())
         .and_then(CommError::peer)?;
-    let host = session.hosts.get(peer)?;
+    let host = session.host_of(peer)?;
     Some(format!("peer rank {peer} is on {host}"))
 }
 
@@ -300,13 +303,7 @@ fn diagnose_hang(session: &Session, e: &anyhow::Error) -> Option<String> {
     let silent: Vec<String> = (0..n)
         .filter(|&p| !reported[p] && !waited_on[p].is_empty())
         .map(|p| {
-            let prefix = busbw_launchers::rank_info::PREFIX;
-            let host = store
-                .get(&format!("{prefix}/{p}"))
-                .ok()
-                .flatten()
-                .and_then(|v| busbw_launchers::RankInfo::host_of(&v))
-                .unwrap_or_else(|| "?".into());
+            let host = session.host_of(p).unwrap_or_else(|| "?".into());
             let by: Vec<String> = waited_on[p].iter().map(|r| r.to_string()).collect();
             format!("rank {p} on {host} (waited on by rank {})", by.join(", "))
         })

@@ -4,12 +4,10 @@
 use crate::gpu::GpuLine;
 use crate::plan::Plan;
 use anyhow::{Context, Result};
+use book::Book;
 use busbw_collectives::{CommConfig, Communicator};
-use busbw_launchers::store::all_gather;
-use busbw_launchers::{
-    never_registered, rank_info, rendezvous_with, token_digest, RankInfo, Rendezvous, Store,
-    StoreError, World,
-};
+use busbw_launchers::bootstrap::{self, Bootstrap, BootstrapError, Joined, Layout, Record};
+use busbw_launchers::{rendezvous_with, token_digest, RankInfo, Rendezvous, Store, World};
 use busbw_reports::DeviceInfo;
 use busbw_tiers::subcomm::BoxError;
 use busbw_tiers::Factory;
@@ -18,9 +16,15 @@ use busbw_transports::multi::{Member, MultiTransport, NodeId, TransportKind};
 use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};
 use busbw_transports::{Abort, Handle, Identity, Transport};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod book;
+mod flags;
+
+pub use flags::FlagsDiffer;
 
 pub struct Session {
     pub comm: Communicator,
@@ -30,8 +34,9 @@ pub struct Session {
     pub devices: Vec<DeviceInfo>,
     /// `--transport` as given (`auto`, `tcp`, `shm`), or `inproc` for a one-rank job.
     pub transport_name: String,
-    /// Every rank's host name, on every rank: an error about a peer names its host.
-    pub hosts: Vec<String>,
+    /// The host names of this rank and of the peers it looked up at start (its ring and tree
+    /// neighbours): an error about a peer names its host ([`Session::host_of`]).
+    hosts: HashMap<usize, String>,
 }
 
 fn device_info(
@@ -176,7 +181,7 @@ impl Session {
             abort,
             devices,
             transport_name: "inproc".into(),
-            hosts: vec![world.hostname.clone()],
+            hosts: HashMap::from([(0, world.hostname.clone())]),
         })
     }
 
@@ -184,13 +189,13 @@ impl Session {
     /// if anything here fails.
     pub fn join(world: World, rdv: Rendezvous, plan: &Plan, opts: &JoinOptions) -> Result<Session> {
         match Self::join_inner(&world, &rdv, plan, opts) {
-            Ok((comm, devices, abort, hosts)) => Ok(Session {
-                comm,
+            Ok(b) => Ok(Session {
+                comm: b.comm,
                 rdv: Some(rdv),
-                abort,
-                devices,
+                abort: b.abort,
+                devices: b.devices,
                 transport_name: plan.transport.to_string(),
-                hosts,
+                hosts: b.hosts,
             }),
             Err(e) => {
                 let _ = rdv.post_abort(&format!(
@@ -209,37 +214,47 @@ impl Session {
 
     /// Joining in three steps: agree on the job (its id, the same flags everywhere), open
     /// this rank's end (transports, listener, what it tells the others), exchange ends through
-    /// the store, and build the communicator from what came back.
+    /// the store (`bootstrap`: each rank fetches the node map and its neighbours' records,
+    /// rank 0 alone every rank's), and build the communicator from what came back.
     fn join_inner(
         world: &World,
         rdv: &Rendezvous,
         plan: &Plan,
         opts: &JoinOptions,
-    ) -> Result<(Communicator, Vec<DeviceInfo>, Abort, Vec<String>)> {
-        let job = agree(world, rdv, plan, opts)?;
+    ) -> Result<Built> {
+        let boot = Bootstrap::new(rdv.store.clone(), world.rank, world.size, plan.timeout);
+        let job = agree(world, rdv, &boot, plan, opts)?;
         let end = End::open(world, plan, opts, job)?;
-        let peers = exchange(world, rdv, plan, &end)?;
+        let peers = exchange(world, &boot, plan, &end)?;
         build(world, rdv, plan, end, peers)
     }
 
-    /// Puts every rank's GPU into the `Using devices` lines (rank 0's copy): a rendezvous
-    /// gather of each rank's [`GpuLine`], since ranks on other hosts see other devices.
+    /// The host rank `peer` runs on, for a message about it: known for the peers this rank
+    /// looked up at start, else read from the peer's record (an error path: one fetch).
+    pub fn host_of(&self, peer: usize) -> Option<String> {
+        if let Some(h) = self.hosts.get(&peer) {
+            return Some(h.clone());
+        }
+        let store = &self.rdv.as_ref()?.store;
+        let record = store.get(&format!("{}/{peer}", bootstrap::INFO)).ok()??;
+        RankInfo::host_of(&record)
+    }
+
+    /// Puts every rank's GPU into the `Using devices` lines (rank 0's copy): each rank's
+    /// [`GpuLine`] gathered to rank 0, since ranks on other hosts see other devices and only
+    /// rank 0 prints them.
     pub fn publish_gpu(&mut self, line: &GpuLine, timeout: std::time::Duration) -> Result<()> {
         let (rank, size) = (self.comm.rank(), self.comm.size());
         let lines: Vec<Option<GpuLine>> = match &self.rdv {
             Some(r) => {
-                let g = all_gather(
-                    r.store.as_ref(),
-                    "gpu",
-                    rank,
-                    size,
-                    line.encode().as_bytes(),
-                    timeout,
-                )
-                .map_err(|e| name_missing(e, "gpu"))?;
-                g.iter()
-                    .map(|b| GpuLine::decode(&String::from_utf8_lossy(b)))
-                    .collect()
+                let boot = Bootstrap::new(r.store.clone(), rank, size, timeout);
+                match boot.gather_root("gpu", line.encode().as_bytes())? {
+                    Some(all) => all
+                        .iter()
+                        .map(|b| GpuLine::decode(&String::from_utf8_lossy(b)))
+                        .collect(),
+                    None => return Ok(()),
+                }
             }
             None => vec![Some(line.clone())],
         };
@@ -265,49 +280,27 @@ impl Session {
     }
 }
 
-/// What one rank gathers from all: `prefix/<rank>` of every rank, in rank order (see
-/// `all_gather`); a rank that never published is named.
-fn gather(
-    world: &World,
-    rdv: &Rendezvous,
-    plan: &Plan,
-    prefix: &str,
-    value: &[u8],
-) -> Result<Vec<Vec<u8>>> {
-    all_gather(
-        rdv.store.as_ref(),
-        prefix,
-        world.rank,
-        world.size,
-        value,
-        plan.timeout,
-    )
-    .map(|g| g.iter().map(<[u8]>::to_vec).collect())
-    .map_err(|e| name_missing(e, prefix))
-}
-
 /// Agreement: the job id every data connection carries (rank 0 draws it, the token is mixed
 /// in), and the same flags and the same busbw on every rank, or a usage error naming what
-/// differs.
-fn agree(world: &World, rdv: &Rendezvous, plan: &Plan, opts: &JoinOptions) -> Result<u64> {
+/// differs (rank 0 compares every rank's fingerprint with its own; the others read its
+/// verdict).
+fn agree(
+    world: &World,
+    rdv: &Rendezvous,
+    boot: &Bootstrap,
+    plan: &Plan,
+    opts: &JoinOptions,
+) -> Result<u64> {
     let store = &rdv.store;
     if world.rank == 0 {
         store.set("job", job_token().to_string().as_bytes())?;
     }
     let job = parse_u64(&store.wait(&["job"], plan.timeout)?[0], "job token")?
         ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
-    let mine = plan.fingerprint();
-    let plans = gather(world, rdv, plan, "plan", mine.as_bytes())
-        .context("waiting for every rank to publish its configuration")?;
-    let differ: Vec<(usize, String)> = plans
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| *p != mine.as_bytes())
-        .map(|(r, p)| (r, String::from_utf8_lossy(p).into_owned()))
-        .collect();
-    if !differ.is_empty() {
-        return Err(FlagsDiffer::new(world.rank, &mine, &differ).into());
-    }
+    boot.agree(&plan.fingerprint()).map_err(|e| match e {
+        BootstrapError::Disagree(d) => FlagsDiffer::new(&d).into(),
+        e => anyhow::Error::new(e).context("waiting for every rank to publish its configuration"),
+    })?;
     Ok(job)
 }
 
@@ -321,6 +314,17 @@ struct End {
     info: RankInfo,
     /// The RDMA port and GID, when this rank has a verbs member.
     verbs: Option<String>,
+}
+
+impl End {
+    /// The routing rule of this rank's multi-transport; `None` for TCP alone, which reaches
+    /// every peer.
+    fn router(&self) -> Option<busbw_transports::multi::Router> {
+        match &self.transport {
+            Transports::Multi(m) => Some(m.router()),
+            Transports::Tcp(_) => None,
+        }
+    }
 }
 
 enum Transports {
@@ -372,54 +376,39 @@ impl End {
     }
 }
 
-/// What the ranks learn of each other, in rank order.
+/// What a rank learns of the others.
 struct Peers {
-    handles: Vec<Handle>,
-    infos: Vec<RankInfo>,
-    /// The transports each rank reaches its peers with (`shm+tcp`), for the device lines.
-    routes: Vec<String>,
+    layout: Layout,
+    /// The peers' records: those of the first peers, and every rank's on rank 0.
+    book: Book,
+    /// Rank 0 only: the transports each rank reaches its peers with (`shm+tcp`), for the
+    /// device lines.
+    routes: Option<Vec<String>>,
+    hosts: HashMap<usize, String>,
 }
 
-/// Exchange through the store: every rank's handle and description (the tree chains the
-/// ranks of one host, so all must agree on the node map), then the transports each rank
-/// reaches its peers with, worked out from the handles.
-fn exchange(world: &World, rdv: &Rendezvous, plan: &Plan, end: &End) -> Result<Peers> {
-    let handles: Vec<Handle> = gather(world, rdv, plan, "handle", &end.handle.0)
-        .context("waiting for every rank's connection handle")?
-        .into_iter()
-        .map(Handle)
-        .collect();
-    let infos = gather(
-        world,
-        rdv,
-        plan,
-        rank_info::PREFIX,
-        end.info.encode().as_bytes(),
-    )?
-    .iter()
-    .enumerate()
-    .map(|(r, raw)| {
-        RankInfo::decode(raw)
-            .map_err(|e| anyhow::anyhow!("rank {r} published a malformed description: {e}"))
-    })
-    .collect::<Result<Vec<_>>>()?;
+/// Exchange through the store: publish this rank's record, learn the node map (the tree
+/// chains the ranks of a node, so all must agree on it), fetch the first peers' records
+/// and check that this rank's transports reach them, and tell rank 0 which ones it uses.
+fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &End) -> Result<Peers> {
+    let record = Record {
+        info: end.info.clone(),
+        handle: end.handle.clone(),
+    };
+    let Joined { layout, directory } = boot
+        .join(&record)
+        .context("waiting for every rank's connection handle")?;
+    let mut book = Book::new(directory, end.router(), plan.transport);
+    let first = book::first_peers(&layout.nodes, world.rank);
+    book.prefetch(&first)?;
+    let mut hosts = HashMap::from([(world.rank, world.hostname.clone())]);
     let mut routes: Vec<&str> = Vec::new();
-    for (r, h) in handles.iter().enumerate() {
-        if r == world.rank {
-            continue;
-        }
-        let name = match &end.transport {
-            Transports::Multi(m) => m.route(h).with_context(|| {
-                format!(
-                    "rank {r} cannot be reached with --transport {}",
-                    plan.transport
-                )
-            })?,
-            Transports::Tcp(_) => "tcp",
-        };
+    for &r in &first {
+        let name = book.route(r)?;
         if !routes.contains(&name) {
             routes.push(name);
         }
+        hosts.extend(book.host(r).map(|h| (r, h)));
     }
     // In priority order (shared memory first), whatever order the peers came in.
     routes.sort_by_key(|n| TransportKind::rank_of(n));
@@ -428,43 +417,43 @@ fn exchange(world: &World, rdv: &Rendezvous, plan: &Plan, end: &End) -> Result<P
         // The device block names the RDMA port and GID each rank uses.
         route = format!("{route} [{d}]");
     }
-    let routes = gather(world, rdv, plan, "route", route.as_bytes())?
-        .into_iter()
-        .map(|r| String::from_utf8_lossy(&r).into_owned())
-        .collect();
+    let routes = boot.gather_root("route", route.as_bytes())?.map(|all| {
+        all.into_iter()
+            .map(|r| String::from_utf8_lossy(&r).into_owned())
+            .collect()
+    });
     Ok(Peers {
-        handles,
-        infos,
+        layout,
+        book,
         routes,
+        hosts,
     })
 }
 
-/// The communicator, connected around the ring, and rank 0's device lines.
-fn build(
-    world: &World,
-    rdv: &Rendezvous,
-    plan: &Plan,
-    end: End,
-    peers: Peers,
-) -> Result<(Communicator, Vec<DeviceInfo>, Abort, Vec<String>)> {
+/// What joining builds: the communicator, connected around the ring, the abort its waits
+/// watch, rank 0's device lines and the hosts of the peers this rank looked up.
+struct Built {
+    comm: Communicator,
+    abort: Abort,
+    devices: Vec<DeviceInfo>,
+    hosts: HashMap<usize, String>,
+}
+
+fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -> Result<Built> {
     let rank = world.rank;
     let mut devices = Vec::new();
-    if rank == 0 {
-        for (r, (info, via)) in peers.infos.iter().zip(&peers.routes).enumerate() {
-            let via = if via.is_empty() { "tcp" } else { via };
-            devices.push(device_info(r, info.pid, &info.host, info.local_rank, via));
-        }
+    for (r, via) in peers.routes.iter().flatten().enumerate() {
+        let info = peers
+            .book
+            .info(r)
+            .with_context(|| format!("rank 0 lost rank {r}'s record"))?;
+        let via = if via.is_empty() { "tcp" } else { via };
+        devices.push(device_info(r, info.pid, &info.host, info.local_rank, via));
     }
-    let hosts = peers.infos.iter().map(|i| i.host.clone()).collect();
-    let nodes = node_map(peers.infos.iter().map(|i| &i.node));
     let abort = Abort::new();
     rdv.watch_abort(abort.clone())?;
     // Ranks that share this machine's cores decide how a waiting rank may use its core.
-    let local_ranks = peers
-        .infos
-        .iter()
-        .filter(|i| i.node.same_machine(&end.info.node))
-        .count();
+    let local_ranks = peers.layout.local_ranks(rank);
     let transport: Box<dyn Transport> = match end.transport {
         Transports::Multi(m) => Box::new(m),
         Transports::Tcp(t) => t,
@@ -472,38 +461,17 @@ fn build(
     let mut comm = Communicator::new(
         transport,
         end.listener,
-        peers.handles,
+        peers.book,
         comm_config(plan, &abort, local_ranks),
     )?;
-    comm.set_nodes(nodes)?;
+    comm.set_node_map(peers.layout.nodes)?;
     comm.connect_ring()?;
-    Ok((comm, devices, abort, hosts))
-}
-
-/// Node index per rank: ranks on the same host share one, numbered in order of first
-/// appearance (so rank 0's host is node 0).
-fn node_map<T: PartialEq>(hosts: impl Iterator<Item = T>) -> Vec<usize> {
-    let mut seen: Vec<T> = Vec::new();
-    hosts
-        .map(|h| match seen.iter().position(|s| *s == h) {
-            Some(i) => i,
-            None => {
-                seen.push(h);
-                seen.len() - 1
-            }
-        })
-        .collect()
-}
-
-/// A store timeout on per-rank keys becomes "rank 5 never registered".
-fn name_missing(e: StoreError, prefix: &str) -> anyhow::Error {
-    match &e {
-        StoreError::Timeout { missing, .. } => match never_registered(missing, prefix) {
-            Some(who) => anyhow::Error::new(e).context(who),
-            None => e.into(),
-        },
-        _ => e.into(),
-    }
+    Ok(Built {
+        comm,
+        abort,
+        devices,
+        hosts: peers.hosts,
+    })
 }
 
 /// TCP alone (`--transport tcp`), and the network member of the others.
@@ -608,48 +576,3 @@ fn comm_config(plan: &Plan, abort: &Abort, local_ranks: usize) -> CommConfig {
     }
     .for_cores(local_ranks, cores)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nodes_follow_hostnames() {
-        let hosts = ["b.example", "a", "b.example", "c", "a"];
-        assert_eq!(node_map(hosts.into_iter()), vec![0, 1, 0, 2, 1]);
-        assert_eq!(node_map(["x"; 3].into_iter()), vec![0, 0, 0]);
-    }
-}
-
-/// Ranks started with different flags or binaries: a usage error (exit 2) that names each
-/// flag that differs and its value on both sides.
-#[derive(Debug)]
-pub struct FlagsDiffer(String);
-
-impl FlagsDiffer {
-    fn new(rank: usize, mine: &str, others: &[(usize, String)]) -> FlagsDiffer {
-        let ranks: Vec<usize> = others.iter().map(|(r, _)| *r).collect();
-        let mut msg = format!(
-            "ranks {ranks:?} run with different flags or another busbw version than rank {rank}:"
-        );
-        // The first few ranks are enough to see the pattern.
-        for (r, theirs) in others.iter().take(4) {
-            for (flag, here, there) in crate::plan::fingerprint_diff(mine, theirs) {
-                msg += &format!("\n  {flag}: {here} on rank {rank}, {there} on rank {r}");
-            }
-        }
-        if others.len() > 4 {
-            msg += &format!("\n  ... and {} more ranks", others.len() - 4);
-        }
-        msg += "\nstart every rank with the same command line and binary";
-        FlagsDiffer(msg)
-    }
-}
-
-impl std::fmt::Display for FlagsDiffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for FlagsDiffer {}

@@ -7,8 +7,10 @@
 
 use crate::buffer::HostBuffer;
 use crate::error::CommError;
+use crate::peers::PeerBook;
+use busbw_transports::nodes::NodeMap;
 use busbw_transports::{
-    Abort, Handle, Identity, Listener, RecvComm, SendComm, Sleep, Transport, TransportError,
+    Abort, Identity, Listener, RecvComm, SendComm, Sleep, Transport, TransportError,
 };
 use std::time::{Duration, Instant};
 
@@ -77,7 +79,8 @@ pub struct Communicator {
     size: usize,
     transport: Box<dyn Transport>,
     listener: Box<dyn Listener>,
-    handles: Vec<Handle>,
+    /// Every peer's handle, looked up on a peer's first connection.
+    peers: Box<dyn PeerBook>,
     /// Connections by `peer × MAX_CHANNELS + channel`: an index, not a hash, because a
     /// latency-bound collective looks them up on every call.
     sends: Vec<Option<Box<dyn SendComm>>>,
@@ -85,6 +88,8 @@ pub struct Communicator {
     /// Node (host) index of every rank, for algorithms that treat intra- and inter-node links
     /// differently (the tree chains the ranks of a node).
     nodes: Vec<usize>,
+    /// The same as segments, which the tree looks its neighbours up in on every call.
+    node_map: NodeMap,
     seq: u32,
     config: CommConfig,
     /// Receive staging for reductions.
@@ -101,15 +106,16 @@ pub struct Communicator {
 }
 
 impl Communicator {
-    /// Build a communicator from this rank's transport and listener and every rank's listen
-    /// handle (in rank order, as exchanged through the rendezvous store).
+    /// Build a communicator from this rank's transport and listener and the book of its
+    /// peers' listen handles: a `Vec<Handle>` in rank order when they were exchanged up
+    /// front, or a book that fetches each from the rendezvous store on first use.
     pub fn new(
         transport: Box<dyn Transport>,
         listener: Box<dyn Listener>,
-        handles: Vec<Handle>,
+        peers: impl PeerBook + 'static,
         config: CommConfig,
     ) -> Result<Self, CommError> {
-        let size = handles.len();
+        let size = peers.size();
         let rank = transport.identity().rank as usize;
         if rank >= size {
             return Err(CommError::Invalid(format!(
@@ -143,10 +149,11 @@ impl Communicator {
             size,
             transport,
             listener,
-            handles,
+            peers: Box::new(peers),
             sends: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
             recvs: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
             nodes: vec![0; size],
+            node_map: NodeMap::uniform(size, size),
             seq: 0,
             config,
             staging: empty()?,
@@ -167,13 +174,33 @@ impl Communicator {
                 self.size
             )));
         }
+        self.node_map = NodeMap::from_labels(&nodes);
         self.nodes = nodes;
+        Ok(())
+    }
+
+    /// [`Communicator::set_nodes`] from the map the bootstrap published.
+    pub fn set_node_map(&mut self, map: NodeMap) -> Result<(), CommError> {
+        if map.len() != self.size {
+            return Err(CommError::Invalid(format!(
+                "node map has {} ranks for {} ranks",
+                map.len(),
+                self.size
+            )));
+        }
+        self.nodes = map.to_vec();
+        self.node_map = map;
         Ok(())
     }
 
     /// Node index of every rank (see [`Communicator::set_nodes`]).
     pub fn nodes(&self) -> &[usize] {
         &self.nodes
+    }
+
+    /// [`Communicator::nodes`] as segments, for lookups that should not walk every rank.
+    pub fn node_map(&self) -> &NodeMap {
+        &self.node_map
     }
 
     pub fn rank(&self) -> usize {
@@ -231,9 +258,14 @@ impl Communicator {
     pub(crate) fn connect_send(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
         let slot = self.slot(peer, channel)?;
         if self.sends[slot].is_none() {
+            let rank = self.rank;
+            let handle =
+                self.peers
+                    .handle(peer)
+                    .map_err(|cause| CommError::Lookup { rank, peer, cause })?;
             let c = self
                 .transport
-                .connect(&self.handles[peer], channel, self.config.timeout)
+                .connect(handle, channel, self.config.timeout)
                 .map_err(|cause| CommError::Transport {
                     rank: self.rank,
                     peer: Some(peer),

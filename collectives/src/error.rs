@@ -13,6 +13,15 @@ pub enum CommError {
         during: String,
         cause: TransportError,
     },
+    /// The peer's handle could not be had: it never registered, or this rank's transports
+    /// cannot reach it. Its cause says which.
+    #[error("rank {rank}: looking up how to reach rank {peer}")]
+    Lookup {
+        rank: usize,
+        peer: usize,
+        #[source]
+        cause: crate::peers::LookupError,
+    },
     #[error("rank {rank}: no progress for {secs:.0} s {what}")]
     Timeout {
         rank: usize,
@@ -58,6 +67,7 @@ impl CommError {
         match self {
             CommError::Transport { peer, cause, .. } => peer.or(cause.peer().map(|p| p as usize)),
             CommError::Timeout { peer, .. } => *peer,
+            CommError::Lookup { peer, .. } => Some(*peer),
             _ => None,
         }
     }

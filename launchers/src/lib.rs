@@ -18,6 +18,8 @@
 //! - [`store`]: the key/value store (in-process and TCP) the ranks rendezvous through.
 //! - [`token`]: the job token that keeps other jobs out of the store.
 //! - [`mod@rendezvous`]: joining the job, barriers, abort broadcast, orderly shutdown.
+//! - [`bootstrap`]: the ranks' records, configuration agreement and node map through the
+//!   store, each rank fetching only what it needs.
 //! - [`rank_info`]: what each rank tells the others about itself when it joins.
 //! - [`topology`]: node labels, their conventions and sources, and the tier model built on
 //!   them (for `busbw tiers`).
@@ -25,6 +27,7 @@
 //! - [`local`]: the `--np N` launcher that runs a whole job on this host, and the
 //!   `--nproc-per-node G` launcher that runs this pod's share of a cluster job.
 
+pub mod bootstrap;
 pub mod detect;
 pub mod local;
 pub mod rank_info;

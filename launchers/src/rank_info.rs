@@ -1,6 +1,8 @@
-//! What a rank tells the others about itself when it joins: the `info/<rank>` value of the
-//! rendezvous store, written by the joining rank and read by every rank (for the node map and
-//! the device lines) and by a timed-out rank that names the peers that went silent.
+//! What a rank tells the others about itself when it joins: the first line of its `info/<rank>`
+//! record in the rendezvous store (the connection handle follows, see
+//! [`crate::bootstrap::Record`]), read by rank 0 (for the node map and the device lines), by
+//! the peers that connect to the rank, and by a timed-out rank that names the peers that went
+//! silent.
 
 use busbw_transports::multi::NodeId;
 
@@ -45,7 +47,7 @@ impl RankInfo {
         })
     }
 
-    /// Just the host of an `info/<rank>` value, for messages about a rank whose value may be
+    /// Just the host of an `info/<rank>` record, for messages about a rank whose record may be
     /// damaged.
     pub fn host_of(bytes: &[u8]) -> Option<String> {
         let text = String::from_utf8_lossy(bytes);

@@ -141,10 +141,15 @@ pub fn missing_ranks(keys: &[String], prefix: &str) -> Vec<usize> {
 /// ranges because at scale a whole node (or rack) of ranks tends to be missing at once.
 pub fn never_registered(keys: &[String], prefix: &str) -> Option<String> {
     let ranks = missing_ranks(keys, prefix);
-    match ranks.as_slice() {
-        [] => None,
-        [r] => Some(format!("rank {r} never registered")),
-        _ => Some(format!("ranks {} never registered", fold_ranges(&ranks))),
+    (!ranks.is_empty()).then(|| ranks_that(&ranks, "never registered", "never registered"))
+}
+
+/// "rank 3 runs" / "ranks 1-3, 5 run": `ranks` (sorted, distinct) folded into ranges, with
+/// the verb that agrees (`one` for a single rank, `many` for several).
+pub fn ranks_that(ranks: &[usize], one: &str, many: &str) -> String {
+    match ranks {
+        [r] => format!("rank {r} {one}"),
+        _ => format!("ranks {} {many}", fold_ranges(ranks)),
     }
 }
 

@@ -136,7 +136,7 @@ impl Factory {
         self.store.set(&format!("{prefix}/{me}"), &handle.0)?;
         let keys: Vec<String> = (0..ranks.len()).map(|i| format!("{prefix}/{i}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let handles = self
+        let handles: Vec<Handle> = self
             .store
             .wait(&refs, self.timeout)
             .map_err(|e| named(e, &prefix, name, ranks))?

@@ -21,6 +21,7 @@ mod framed;
 pub mod iface;
 pub mod inproc;
 pub mod multi;
+pub mod nodes;
 pub mod shm;
 mod slots;
 pub mod tcp;

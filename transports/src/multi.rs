@@ -13,6 +13,9 @@ use crate::{
     TransportError,
 };
 use std::fmt;
+
+mod route;
+pub use route::Router;
 use std::time::{Duration, Instant};
 
 /// Where a rank runs: its host name and the kernel's boot id, written `host/boot` in handles
@@ -140,7 +143,7 @@ pub struct Member {
 
 pub struct MultiTransport {
     members: Vec<Member>,
-    node: String,
+    router: Router,
 }
 
 impl MultiTransport {
@@ -151,55 +154,34 @@ impl MultiTransport {
                 "no transport to choose from".into(),
             ));
         }
-        Ok(MultiTransport {
-            members,
-            // Compared as the text the peers' handles carry.
+        let router = Router {
+            members: members
+                .iter()
+                .map(|m| (m.transport.properties().name, m.same_node_only))
+                .collect(),
             node: node.to_string(),
-        })
+        };
+        Ok(MultiTransport { members, router })
     }
 
     /// Name of the transport a connection to `handle` would use (for reports).
     pub fn route(&self, handle: &Handle) -> Result<&'static str> {
-        Ok(self.members[self.route_index(handle)?]
-            .transport
-            .properties()
-            .name)
+        self.router.route(handle)
     }
 
     /// Index (in priority order) of the member a connection to `handle` would use.
     pub fn route_index(&self, handle: &Handle) -> Result<usize> {
-        let (node, subs) = decode(handle)?;
-        self.pick(&node, &subs, u32::MAX)
+        self.router.route_index(handle)
     }
 
-    fn pick(&self, node: &str, subs: &[(String, Handle)], peer: u32) -> Result<usize> {
-        let same = node == self.node;
-        self.members
-            .iter()
-            .position(|m| {
-                let name = m.transport.properties().name;
-                subs.iter().any(|(n, _)| n == name) && (same || !m.same_node_only)
-            })
-            .ok_or_else(|| {
-                TransportError::Unsupported(format!(
-                    "no transport reaches rank {peer} (on {node}, listening on {}) from {}: {}",
-                    subs.iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join("+"),
-                    self.node,
-                    if same {
-                        "the peer listens on none of ours"
-                    } else {
-                        "it is on another host and only same-host transports are enabled"
-                    }
-                ))
-            })
+    /// The routing rule, to check peers this transport will connect to later.
+    pub fn router(&self) -> Router {
+        self.router.clone()
     }
 
     /// The peer's handle for member `i`.
     fn sub<'a>(&self, subs: &'a [(String, Handle)], i: usize) -> Result<&'a Handle> {
-        let name = self.members[i].transport.properties().name;
+        let name = self.router.members[i].0;
         subs.iter()
             .find(|(n, _)| n == name)
             .map(|(_, h)| h)
@@ -278,7 +260,7 @@ impl Transport for MultiTransport {
             listeners.push(l);
         }
         Ok((
-            encode(&self.node, &subs),
+            encode(&self.router.node, &subs),
             Box::new(MultiListener { listeners, next: 0 }),
         ))
     }
@@ -290,7 +272,7 @@ impl Transport for MultiTransport {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
         let (node, subs) = decode(handle)?;
-        let i = self.pick(&node, &subs, u32::MAX)?;
+        let i = self.router.pick(&node, &subs)?;
         let sub = self.sub(&subs, i)?;
         self.members[i].transport.connect(sub, channel, timeout)
     }

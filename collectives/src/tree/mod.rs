@@ -45,7 +45,10 @@ use crate::workspace::premultiplied;
 
 mod shape;
 
-pub use shape::{btree, dtree, node_tree_depth, rank_tree_depth, rank_trees, NodeLinks, RankLinks};
+pub use shape::{
+    btree, dtree, node_tree_depth, rank_tree_depth, rank_tree_depth_in, rank_trees, rank_trees_in,
+    NodeLinks, RankLinks,
+};
 
 /// Transport channels of the two trees; channel 0 belongs to the rings.
 pub const TREE_CHANNELS: [u32; 2] = [1, 2];
@@ -288,8 +291,8 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     }
     let esize = std::mem::size_of::<T>();
     let seg = segment_elems::<T>(comm);
-    let trees = rank_trees(comm.nodes(), r);
-    let depth = rank_tree_depth(comm.nodes());
+    let trees = rank_trees_in(comm.node_map(), r);
+    let depth = rank_tree_depth_in(comm.node_map());
     let mut plan = TreePlan {
         n,
         op,

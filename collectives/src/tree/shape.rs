@@ -3,6 +3,8 @@
 //! [`super`]). Pure functions of the rank count and the node map, so every rank derives the
 //! same trees without talking.
 
+use busbw_transports::nodes::NodeMap;
+
 /// A node's neighbours in one binary tree over node indices `0..N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeLinks {
@@ -92,61 +94,125 @@ pub struct RankLinks {
     pub children: Vec<usize>,
 }
 
-/// Node index of every rank, nodes numbered in order of their lowest rank so that every rank
-/// derives the same numbering from the same map, and the number of nodes. A single node
-/// becomes one node per rank (see the module documentation). O(n): it runs on every call.
-fn node_index(nodes: &[usize]) -> (Vec<usize>, usize) {
-    let mut ids = std::collections::HashMap::new();
-    let index: Vec<usize> = nodes
-        .iter()
-        .map(|label| {
-            let next = ids.len();
-            *ids.entry(*label).or_insert(next)
-        })
-        .collect();
-    if ids.len() <= 1 {
-        return ((0..nodes.len()).collect(), nodes.len());
+/// The nodes the trees are built over: the job's nodes, or one node per rank when the job
+/// has a single node (see the module documentation). Every query is a lookup in the
+/// [`NodeMap`]'s segments, so a rank finds its neighbours without walking the job: the
+/// bootstrap does it once per rank before any connection exists, for up to tens of
+/// thousands of ranks simulated in one process.
+struct TreeNodes<'a> {
+    map: &'a NodeMap,
+    per_rank: bool,
+}
+
+impl TreeNodes<'_> {
+    fn of(map: &NodeMap) -> TreeNodes<'_> {
+        TreeNodes {
+            map,
+            per_rank: map.node_count() <= 1,
+        }
     }
-    (index, ids.len())
+
+    fn count(&self) -> usize {
+        if self.per_rank {
+            self.map.len()
+        } else {
+            self.map.node_count()
+        }
+    }
+
+    fn node_of(&self, rank: usize) -> Option<usize> {
+        if self.per_rank {
+            (rank < self.map.len()).then_some(rank)
+        } else {
+            self.map.node_of(rank)
+        }
+    }
+
+    fn position(&self, rank: usize) -> usize {
+        if self.per_rank {
+            0
+        } else {
+            self.map.position(rank).unwrap_or(0)
+        }
+    }
+
+    fn len(&self, node: usize) -> usize {
+        if self.per_rank {
+            1
+        } else {
+            self.map.node_len(node)
+        }
+    }
+
+    fn rank(&self, node: usize, i: usize) -> Option<usize> {
+        if self.per_rank {
+            (i == 0 && node < self.map.len()).then_some(node)
+        } else {
+            self.map.node_rank(node, i)
+        }
+    }
 }
 
 /// Both trees at rank level for `rank`, given every rank's node (see
-/// [`Communicator::set_nodes`]): the node trees of [`dtree`], each node's ranks chained in
-/// rank order in tree 0 and in reverse in tree 1, the chain's first rank standing for the
-/// node in the node tree.
+/// [`Communicator::set_nodes`]). See [`rank_trees_in`].
 pub fn rank_trees(nodes: &[usize], rank: usize) -> [RankLinks; 2] {
-    let (index, nn) = node_index(nodes);
-    let empty = RankLinks {
-        parent: None,
-        children: Vec::new(),
-    };
-    let Some(&me) = index.get(rank) else {
+    rank_trees_in(&NodeMap::from_labels(nodes), rank)
+}
+
+/// Both trees at rank level for `rank`: the node trees of [`dtree`], each node's ranks
+/// chained in rank order in tree 0 and in reverse in tree 1, the chain's first rank standing
+/// for the node in the node tree.
+pub fn rank_trees_in(map: &NodeMap, rank: usize) -> [RankLinks; 2] {
+    let nodes = TreeNodes::of(map);
+    let Some(me) = nodes.node_of(rank) else {
+        let empty = RankLinks {
+            parent: None,
+            children: Vec::new(),
+        };
         return [empty.clone(), empty];
     };
-    let idx = &index;
-    let members = move |x: usize| (0..idx.len()).filter(move |&r| idx[r] == x);
+    let links = dtree(nodes.count(), me);
+    let nodes = &nodes;
+    chain_links(
+        links,
+        me,
+        nodes.position(rank),
+        |x| nodes.len(x),
+        |x, i| nodes.rank(x, i),
+    )
+}
+
+/// A rank's links in both trees, given its node's links in the node trees (`links`), its
+/// node `me` and position `pos` there, and where the ranks are: each node's rank count
+/// (`len`) and `i`-th rank (`member`). The chain of a node runs in rank order in tree 0 and
+/// in reverse in tree 1; its first rank stands for the node.
+fn chain_links(
+    links: [NodeLinks; 2],
+    me: usize,
+    pos: usize,
+    len: impl Fn(usize) -> usize,
+    member: impl Fn(usize, usize) -> Option<usize>,
+) -> [RankLinks; 2] {
     let head = |x: usize, t: usize| {
         if t == 0 {
-            members(x).next()
+            member(x, 0)
         } else {
-            members(x).next_back()
+            member(x, len(x).checked_sub(1)?)
         }
     };
-    let mates: Vec<usize> = members(me).collect();
-    let links = dtree(nn, me);
+    let mates = len(me);
     [0, 1].map(|t| {
-        let pos = mates.iter().position(|&r| r == rank).unwrap_or(0);
         // Position along this tree's chain and the chain neighbours.
         let (pos, prev, next) = if t == 0 {
             (
                 pos,
-                pos.checked_sub(1).map(|i| mates[i]),
-                mates.get(pos + 1).copied(),
+                pos.checked_sub(1).and_then(|i| member(me, i)),
+                member(me, pos + 1),
             )
         } else {
-            let prev = mates.get(pos + 1).copied();
-            let next = pos.checked_sub(1).map(|i| mates[i]);
-            (mates.len() - 1 - pos, prev, next)
+            let prev = member(me, pos + 1);
+            let next = pos.checked_sub(1).and_then(|i| member(me, i));
+            (mates - 1 - pos, prev, next)
         };
         let mut children = Vec::new();
         let parent = if pos == 0 {
@@ -169,12 +235,18 @@ pub fn rank_trees(nodes: &[usize], rank: usize) -> [RankLinks; 2] {
 /// Depth of either rank-level tree: the node tree's depth plus the longest chain. The same on
 /// every rank, so it may shape the chunk size without ranks disagreeing.
 pub fn rank_tree_depth(nodes: &[usize]) -> usize {
-    let (index, nn) = node_index(nodes);
-    let mut sizes = vec![0usize; nn];
-    for &x in &index {
-        sizes[x] += 1;
-    }
-    node_tree_depth(nn) + sizes.into_iter().max().unwrap_or(1).saturating_sub(1)
+    rank_tree_depth_in(&NodeMap::from_labels(nodes))
+}
+
+/// [`rank_tree_depth`] over a [`NodeMap`].
+pub fn rank_tree_depth_in(map: &NodeMap) -> usize {
+    let nodes = TreeNodes::of(map);
+    let longest = if nodes.per_rank {
+        1
+    } else {
+        map.max_node_len()
+    };
+    node_tree_depth(nodes.count()) + longest.max(1) - 1
 }
 
 #[cfg(test)]
@@ -320,8 +392,44 @@ mod tests {
         }
     }
 
+    /// The trees' lookups done the plain way, over a list of nodes walked whole: what the
+    /// segment lookups must reproduce.
+    fn dense_trees(nodes: &[usize], rank: usize) -> [RankLinks; 2] {
+        let mut ids = std::collections::HashMap::new();
+        let mut index: Vec<usize> = nodes
+            .iter()
+            .map(|label| {
+                let next = ids.len();
+                *ids.entry(*label).or_insert(next)
+            })
+            .collect();
+        let mut nn = ids.len();
+        if nn <= 1 {
+            index = (0..nodes.len()).collect();
+            nn = nodes.len();
+        }
+        let index = &index;
+        let members = move |x: usize| (0..index.len()).filter(move |&r| index[r] == x);
+        let me = index[rank];
+        let pos = members(me).position(|r| r == rank).unwrap_or(0);
+        chain_links(
+            dtree(nn, me),
+            me,
+            pos,
+            move |x| members(x).count(),
+            move |x, i| members(x).nth(i),
+        )
+    }
+
     fn check_rank_trees(nodes: &[usize]) {
         let n = nodes.len();
+        for r in 0..n {
+            assert_eq!(
+                rank_trees(nodes, r),
+                dense_trees(nodes, r),
+                "{nodes:?} r={r}"
+            );
+        }
         for t in 0..2 {
             let all: Vec<_> = (0..n).map(|r| rank_trees(nodes, r)[t].clone()).collect();
             let roots = all.iter().filter(|l| l.parent.is_none()).count();
@@ -352,6 +460,12 @@ mod tests {
             check_rank_trees(&(0..n).collect::<Vec<_>>());
             check_rank_trees(&(0..n).map(|r| r / 3).collect::<Vec<_>>());
             check_rank_trees(&(0..n).map(|r| (r * 7) % 4).collect::<Vec<_>>());
+            check_rank_trees(
+                &(0..n)
+                    .map(|r| [0, 0, 0, 1, 1, 2][r % 6] + r / 6 * 3)
+                    .collect::<Vec<_>>(),
+            );
+            check_rank_trees(&(0..n).map(|r| r % 2).collect::<Vec<_>>());
         }
         // 9 ranks on 3 nodes: node heads 0, 3, 6 in tree 0; the chain 0 -> 1 -> 2.
         let nodes = [0, 0, 0, 1, 1, 1, 2, 2, 2];

@@ -23,6 +23,8 @@ const MAX_DNS_BACKOFF: Duration = Duration::from_secs(2);
 const MAX_CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 /// Shortest time given to one attempt, so that a nearly spent deadline still gets a real try.
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+/// What the server sends in a successful greeting: its hello, challenge and status.
+const GREETING: usize = proto::HELLO_LEN + proto::SERVER_CHALLENGE_LEN + 1;
 
 /// Blocking client of [`super::TcpStoreServer`].
 ///
@@ -42,6 +44,8 @@ pub struct TcpStoreClient {
     live: Mutex<HashMap<u64, TcpStream>>,
     next_id: AtomicU64,
     closed: AtomicBool,
+    /// Bytes read from the store (see [`TcpStoreClient::bytes_received`]).
+    received: AtomicU64,
 }
 
 struct Conn {
@@ -98,6 +102,7 @@ impl TcpStoreClient {
                                 live: Mutex::new(HashMap::new()),
                                 next_id: AtomicU64::new(0),
                                 closed: AtomicBool::new(false),
+                                received: AtomicU64::new(0),
                             };
                             let conn = client.register(stream)?;
                             lock(&client.idle).push(conn);
@@ -124,6 +129,12 @@ impl TcpStoreClient {
         }
     }
 
+    /// Bytes this client has read from the store, greetings included: what the store served
+    /// this rank, as the rendezvous scale test reports it.
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
     /// The `host:port` this client talks to.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -140,7 +151,9 @@ impl TcpStoreClient {
         lock(&self.idle).clear();
     }
 
+    /// Takes a greeted connection into the pool.
     fn register(&self, stream: TcpStream) -> Result<Conn, StoreError> {
+        self.received.fetch_add(GREETING as u64, Ordering::Relaxed);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.live).insert(id, stream.try_clone()?);
         Ok(Conn { id, stream })
@@ -192,6 +205,8 @@ impl TcpStoreClient {
         let mut conn = self.checkout()?;
         match exchange(&mut conn.stream, frame, self.op_timeout, read_timeout) {
             Ok(body) => {
+                self.received
+                    .fetch_add(4 + body.len() as u64, Ordering::Relaxed);
                 if !self.closed.load(Ordering::Acquire) {
                     lock(&self.idle).push(conn);
                 } else {

@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub struct TcpStoreServer {
     local_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 impl TcpStoreServer {
@@ -86,10 +88,12 @@ impl TcpStoreServer {
             TcpListener::from_std(listener)?
         };
         let (stop_tx, stop_rx) = oneshot::channel();
+        let shared = Arc::new(Shared::default());
+        let serving = shared.clone();
         let thread = std::thread::Builder::new()
             .name("busbw-store".into())
             .spawn(move || {
-                rt.block_on(accept_loop(listener, stop_rx, key));
+                rt.block_on(accept_loop(listener, stop_rx, key, serving));
                 // Dropping the runtime drops every connection task and so closes every client
                 // socket: clients see the server go away rather than hang.
                 drop(rt);
@@ -98,11 +102,18 @@ impl TcpStoreServer {
             local_addr,
             stop: Some(stop_tx),
             thread: Some(thread),
+            shared,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Bytes written to clients so far, greetings included: what the store served, as the
+    /// rendezvous scale test reports it.
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.sent.load(Ordering::Relaxed)
     }
 
     /// Stop serving and close every client connection. Idempotent; also done on drop.
@@ -139,6 +150,8 @@ struct State {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// Bytes written to clients (see [`TcpStoreServer::bytes_sent`]).
+    sent: AtomicU64,
 }
 
 impl Shared {
@@ -146,6 +159,10 @@ impl Shared {
     /// so a poisoned lock still guards consistent data.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sent(&self, bytes: usize) {
+        self.sent.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     fn store(&self, key: String, value: Vec<u8>) {
@@ -157,9 +174,13 @@ impl Shared {
     }
 }
 
-async fn accept_loop(listener: TcpListener, mut stop: oneshot::Receiver<()>, key: Key) {
+async fn accept_loop(
+    listener: TcpListener,
+    mut stop: oneshot::Receiver<()>,
+    key: Key,
+    shared: Arc<Shared>,
+) {
     let key = Arc::new(key);
-    let shared = Arc::new(Shared::default());
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -196,7 +217,7 @@ async fn serve_inner(
     // One deadline for the whole greeting, so a connection that trickles it byte by byte
     // (slow-loris) is dropped as surely as one that sends nothing; its task is the only thing
     // it holds up.
-    match tokio::time::timeout(HELLO_TIMEOUT, greet(&mut rd, &mut wr, peer, key)).await {
+    match tokio::time::timeout(HELLO_TIMEOUT, greet(&mut rd, &mut wr, peer, key, shared)).await {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) => return Ok(()),
         Ok(Err(e)) => return Err(e),
@@ -239,8 +260,11 @@ async fn serve_inner(
             Err(msg) => Response::Frame(error_response(&msg)),
         };
         match response {
-            Response::Frame(f) => wr.write_all(&f).await?,
-            Response::Values(values) => write_values(&mut wr, &values).await?,
+            Response::Frame(f) => {
+                wr.write_all(&f).await?;
+                shared.sent(f.len());
+            }
+            Response::Values(values) => shared.sent(write_values(&mut wr, &values).await?),
         }
     }
 }
@@ -251,6 +275,7 @@ async fn greet(
     wr: &mut WriteHalf<'_>,
     peer: SocketAddr,
     key: &Key,
+    shared: &Shared,
 ) -> io::Result<bool> {
     let mut hello = [0u8; proto::HELLO_LEN];
     rd.read_exact(&mut hello).await?;
@@ -261,6 +286,7 @@ async fn greet(
         // Answer with our version so the client can report both; the rest of its hello is in
         // a format we do not know, so nothing more is read.
         wr.write_all(&proto::hello()).await?;
+        shared.sent(proto::HELLO_LEN);
         return Ok(false);
     }
     let mut client_nonce = [0u8; auth::NONCE_LEN];
@@ -271,6 +297,7 @@ async fn greet(
     challenge
         .extend_from_slice(&key.proof(auth::label::STORE_SERVER, &[&client_nonce, &server_nonce]));
     wr.write_all(&challenge).await?;
+    shared.sent(challenge.len());
     let mut proof = [0u8; auth::PROOF_LEN];
     rd.read_exact(&mut proof).await?;
     if !key.verify(
@@ -280,9 +307,11 @@ async fn greet(
     ) {
         eprintln!("busbw: refused a rendezvous connection from {peer}: wrong job token");
         wr.write_all(&[proto::HELLO_WRONG_TOKEN]).await?;
+        shared.sent(1);
         return Ok(false);
     }
     wr.write_all(&[proto::HELLO_OK]).await?;
+    shared.sent(1);
     Ok(true)
 }
 
@@ -312,13 +341,14 @@ enum Response {
 const DIRECT_VALUE: usize = 16 << 10;
 
 /// A WAIT's OK frame (status, count, then each value with its length) without copying the
-/// large values.
+/// large values; the frame's length.
 async fn write_values<W: AsyncWriteExt + Unpin>(
     wr: &mut W,
     values: &[Arc<Vec<u8>>],
-) -> io::Result<()> {
+) -> io::Result<usize> {
     let body: usize = 1 + 4 + values.iter().map(|v| 4 + v.len()).sum::<usize>();
-    let mut buf = Vec::with_capacity(64 << 10);
+    // Most answers are a few small values: no more buffer than the frame needs.
+    let mut buf = Vec::with_capacity((4 + body).min(64 << 10));
     buf.extend_from_slice(&(body as u32).to_be_bytes());
     buf.push(proto::ST_OK);
     buf.extend_from_slice(&(values.len() as u32).to_be_bytes());
@@ -336,7 +366,8 @@ async fn write_values<W: AsyncWriteExt + Unpin>(
             }
         }
     }
-    wr.write_all(&buf).await
+    wr.write_all(&buf).await?;
+    Ok(4 + body)
 }
 
 fn error_response(msg: &str) -> Vec<u8> {
