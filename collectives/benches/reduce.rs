@@ -121,9 +121,13 @@ fn case<T: Element>(name: &str, size: &Size, run: Run<'_>, make: &dyn Fn(usize) 
     );
 }
 
+fn keep(name: &str, filters: &[String]) -> bool {
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
+}
+
 /// Every size and tier for one type, when the filters keep it.
 fn sweep<T: Element>(name: &str, filters: &[String], make: &dyn Fn(usize) -> T) {
-    if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+    if !keep(name, filters) {
         return;
     }
     for size in [&LARGE, &SMALL] {
@@ -158,14 +162,18 @@ fn main() {
     sweep::<F8E4M3>("f8e4m3", &filters, &|i| F8E4M3::from_f32((i % 8) as f32));
     sweep::<i32>("int32", &filters, &|i| i as i32);
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    if cores > 1 && filters.is_empty() {
+    if cores > 1 {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(cores)
             .build()
             .expect("thread pool");
-        case::<f32>("float", &LARGE, Run::Pool(&pool), &|i| (i % 1000) as f32);
-        case::<bf16>("bfloat16", &LARGE, Run::Pool(&pool), &|i| {
-            bf16::from_f32((i % 100) as f32)
-        });
+        if keep("float", &filters) {
+            case::<f32>("float", &LARGE, Run::Pool(&pool), &|i| (i % 1000) as f32);
+        }
+        if keep("bfloat16", &filters) {
+            case::<bf16>("bfloat16", &LARGE, Run::Pool(&pool), &|i| {
+                bf16::from_f32((i % 100) as f32)
+            });
+        }
     }
 }
