@@ -3,11 +3,12 @@
 //! Integer ops wrap (as NCCL's do on the GPU); float ops are plain IEEE operations. The loops
 //! are written so the compiler vectorises them: the operator is chosen once outside the loop
 //! and the body is a straight element-wise map. Each kernel exists at several instruction-set
-//! tiers ([`Simd`]: portable, AVX2, AVX-512), picked once per process from the CPU and
-//! `BUSBW_SIMD`; all give the same bits.
+//! tiers ([`Simd`]: portable, AVX2, AVX-512, AVX-512 with FP16), picked once per process from
+//! the CPU and `BUSBW_SIMD`; all give the same bits.
 //!
-//! The narrow floats (`half`, `bfloat16`, both fp8 formats) have no native arithmetic here:
-//! each operation widens both operands to `f32`, operates, and rounds once back. `f32` carries
+//! The narrow floats (`half`, `bfloat16`, both fp8 formats) have no native arithmetic here
+//! (except half at the FP16 tier, which rounds to the same values): each operation widens both
+//! operands to `f32`, operates, and rounds once back. `f32` carries
 //! at least twice the narrow precision plus two bits, so that single rounding gives the
 //! correctly rounded result of the narrow type, the value NCCL's `__hadd`/`__hmul` and its
 //! float-based fp8 reductions produce.

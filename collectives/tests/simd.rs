@@ -277,6 +277,7 @@ macro_rules! tier_tests {
 tier_tests!(portable, Simd::Portable);
 tier_tests!(avx2, Simd::Avx2);
 tier_tests!(avx512, Simd::Avx512);
+tier_tests!(avx512fp16, Simd::Avx512Fp16);
 
 #[test]
 fn the_active_tier_is_one_this_cpu_runs() {

@@ -8,9 +8,10 @@
 //! the one IEEE leaves open: which payload a sum or product of two NaNs carries, which even
 //! the portable loop does not pin down (the compiler may swap the operands).
 //!
-//! `BUSBW_SIMD=avx512|avx2|portable` lowers the tier, so that one machine can measure and test
-//! the fallbacks (the `reduce` bench and the tier tests call the tiers directly instead). It
-//! never raises the tier above what the CPU runs; a value it does not know is ignored.
+//! `BUSBW_SIMD=avx512fp16|avx512|avx2|portable` lowers the tier, so that one machine can
+//! measure and test the fallbacks (the `reduce` bench and the tier tests call the tiers
+//! directly instead). It never raises the tier above what the CPU runs; a value it does not
+//! know is ignored.
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,18 +27,22 @@ pub enum Simd {
     Portable,
     /// AVX2 and F16C (Haswell, Zen and later).
     Avx2,
-    /// AVX-512 F, BW and VL (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and later).
+    /// AVX-512 F, BW and VL (Skylake-SP, Ice Lake, Zen 4 and later).
     Avx512,
+    /// AVX-512 with half arithmetic (FP16) and bfloat16 conversion (BF16, and DQ): Sapphire
+    /// Rapids and later. Half is added in its own format, bfloat16 rounded in one instruction.
+    Avx512Fp16,
 }
 
 impl Simd {
-    pub const ALL: [Simd; 3] = [Simd::Portable, Simd::Avx2, Simd::Avx512];
+    pub const ALL: [Simd; 4] = [Simd::Portable, Simd::Avx2, Simd::Avx512, Simd::Avx512Fp16];
 
     pub fn name(self) -> &'static str {
         match self {
             Simd::Portable => "portable",
             Simd::Avx2 => "avx2",
             Simd::Avx512 => "avx512",
+            Simd::Avx512Fp16 => "avx512fp16",
         }
     }
 
@@ -70,7 +75,7 @@ impl fmt::Display for Simd {
 
 /// A `BUSBW_SIMD` value that names no tier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown SIMD tier {0:?} (expected avx512, avx2 or portable)")]
+#[error("unknown SIMD tier {0:?} (expected avx512fp16, avx512, avx2 or portable)")]
 pub struct UnknownSimd(pub String);
 
 impl FromStr for Simd {
@@ -90,6 +95,10 @@ fn detect() -> Simd {
     use std::arch::is_x86_feature_detected as has;
     #[cfg(busbw_avx512)]
     if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+        #[cfg(busbw_avx512fp16)]
+        if has!("avx512dq") && has!("avx512fp16") && has!("avx512bf16") {
+            return Simd::Avx512Fp16;
+        }
         return Simd::Avx512;
     }
     if has!("avx2") && has!("f16c") {
@@ -152,7 +161,7 @@ pub(super) fn run2<T: Copy>(simd: Simd, dst: &mut [T], src: &[T], f: impl Fn(T, 
     match simd {
         // SAFETY (both arms): the tier is supported, so the CPU has its features.
         #[cfg(all(target_arch = "x86_64", busbw_avx512))]
-        Simd::Avx512 => unsafe { map2_avx512(dst, src, f) },
+        Simd::Avx512 | Simd::Avx512Fp16 => unsafe { map2_avx512(dst, src, f) },
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => unsafe { map2_avx2(dst, src, f) },
         _ => map2_loop(dst, src, f),
@@ -166,7 +175,7 @@ pub(super) fn run3<T: Copy>(simd: Simd, dst: &mut [T], a: &[T], b: &[T], f: impl
     match simd {
         // SAFETY (both arms): the tier is supported, so the CPU has its features.
         #[cfg(all(target_arch = "x86_64", busbw_avx512))]
-        Simd::Avx512 => unsafe { map3_avx512(dst, a, b, f) },
+        Simd::Avx512 | Simd::Avx512Fp16 => unsafe { map3_avx512(dst, a, b, f) },
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => unsafe { map3_avx2(dst, a, b, f) },
         _ => map3_loop(dst, a, b, f),
@@ -183,7 +192,8 @@ mod tests {
         assert_eq!(" avx2 ".parse(), Ok(Simd::Avx2));
         assert_eq!("portable".parse(), Ok(Simd::Portable));
         assert!("sse".parse::<Simd>().is_err());
-        assert!(Simd::Portable < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
+        assert_eq!("avx512fp16".parse(), Ok(Simd::Avx512Fp16));
+        assert!(Simd::ALL.windows(2).all(|w| w[0] < w[1]));
         assert!(Simd::Portable.supported());
         assert!(Simd::active() <= Simd::best());
         eprintln!("best tier here: {}", Simd::best());

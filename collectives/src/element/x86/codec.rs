@@ -12,15 +12,19 @@ use std::marker::PhantomData;
 pub(super) type Wide<C> = [<<C as Codec>::L as Lanes>::F; 2];
 pub(super) type Masks<C> = [<<C as Codec>::L as Lanes>::M; 2];
 
-/// `W` values of one narrow type.
-pub(super) trait Codec {
-    type L: Lanes;
+/// `W` values of one type, as a kernel step loads and stores them.
+pub(super) trait Step {
     type Elem: Element;
     /// `W` values in their own format.
     type Raw: Copy;
     const W: usize;
     unsafe fn load(p: *const Self::Elem) -> Self::Raw;
     unsafe fn store(p: *mut Self::Elem, r: Self::Raw);
+}
+
+/// A narrow type operated on in `f32` lanes.
+pub(super) trait Codec: Step {
+    type L: Lanes;
     /// Exact.
     unsafe fn widen(r: Self::Raw) -> Wide<Self>;
     /// Rounded as the type's portable `f32` conversion rounds.
@@ -31,6 +35,22 @@ pub(super) trait Codec {
         t: (Self::Raw, Wide<Self>),
         f: (Self::Raw, Wide<Self>),
     ) -> Self::Raw;
+}
+
+/// How bfloat16 values in `f32` lanes round back: the even values' vector and the odd
+/// values', to `2N` bfloat16 values in order.
+pub(super) trait Bf16Round<L: Lanes> {
+    unsafe fn round(even: L::F, odd: L::F) -> L::I;
+}
+
+/// `narrow::bf16_from_f32` on whole vectors, with integer lane operations.
+pub(super) struct IntRound;
+
+impl<L: Lanes> Bf16Round<L> for IntRound {
+    #[inline(always)]
+    unsafe fn round(even: L::F, odd: L::F) -> L::I {
+        L::join16(bf16_round::<L>(even), bf16_round::<L>(odd))
+    }
 }
 
 /// `narrow::bf16_from_f32` on a whole vector, leaving the result in the high half of each lane
@@ -76,12 +96,10 @@ unsafe fn fp8_round<L: Lanes>(x: L::F, f: &Format) -> L::I {
 }
 
 /// bfloat16, `2N` values per step: the even ones widen by a shift, the odd ones by masking off
-/// their neighbour, and both narrow in one [`Lanes::join16`], so each `f32` vector costs one
-/// operation each way.
-pub(super) struct Bf16<L>(PhantomData<L>);
+/// their neighbour, so each `f32` vector costs one operation; `R` rounds back.
+pub(super) struct Bf16<L, R = IntRound>(PhantomData<(L, R)>);
 
-impl<L: Lanes> Codec for Bf16<L> {
-    type L = L;
+impl<L: Lanes, R> Step for Bf16<L, R> {
     type Elem = bf16;
     type Raw = L::I;
     const W: usize = 2 * L::N;
@@ -93,6 +111,10 @@ impl<L: Lanes> Codec for Bf16<L> {
     unsafe fn store(p: *mut bf16, r: L::I) {
         L::store(p.cast(), r)
     }
+}
+
+impl<L: Lanes, R: Bf16Round<L>> Codec for Bf16<L, R> {
+    type L = L;
     #[inline(always)]
     unsafe fn widen(r: L::I) -> [L::F; 2] {
         let odd = L::and(r, L::splat(0xffff_0000));
@@ -100,7 +122,7 @@ impl<L: Lanes> Codec for Bf16<L> {
     }
     #[inline(always)]
     unsafe fn round(f: [L::F; 2]) -> L::I {
-        L::join16(bf16_round::<L>(f[0]), bf16_round::<L>(f[1]))
+        R::round(f[0], f[1])
     }
     #[inline(always)]
     unsafe fn select(m: Masks<Self>, t: (L::I, Wide<Self>), f: (L::I, Wide<Self>)) -> L::I {
@@ -128,8 +150,7 @@ pub(super) trait Half<L: Lanes> {
 /// signalling NaNs as they were.
 pub(super) struct Halves<X, L>(PhantomData<(X, L)>);
 
-impl<L: Lanes, X: Half<L>> Codec for Halves<X, L> {
-    type L = L;
+impl<L: Lanes, X: Half<L>> Step for Halves<X, L> {
     type Elem = X::Elem;
     type Raw = [X::R; 2];
     const W: usize = 2 * L::N;
@@ -142,6 +163,10 @@ impl<L: Lanes, X: Half<L>> Codec for Halves<X, L> {
         X::store(p.cast(), r[0]);
         X::store(p.add(L::N).cast(), r[1]);
     }
+}
+
+impl<L: Lanes, X: Half<L>> Codec for Halves<X, L> {
+    type L = L;
     #[inline(always)]
     unsafe fn widen(r: [X::R; 2]) -> [L::F; 2] {
         [X::widen(r[0]), X::widen(r[1])]

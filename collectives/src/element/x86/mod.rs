@@ -1,4 +1,5 @@
-//! Explicit AVX2 and AVX-512 kernels for the narrow floats (bfloat16, half, both fp8).
+//! Explicit AVX2 and AVX-512 kernels for the narrow floats (bfloat16, half, both fp8); the
+//! FP16/BF16 tier's own half and bfloat16 kernels are in `fp16`.
 //!
 //! Left to the compiler, their widen-operate-round bodies run at a fraction of memory speed:
 //! the portable conversions are branch-free but long, and fp8 widening is a table lookup that
@@ -20,8 +21,9 @@
 //! Where the time goes: with 512-bit vectors, Intel cores issue integer and conversion work
 //! on two ports only, so a kernel is as fast as its operation count allows once the data sits
 //! in cache. bfloat16 costs about ten vector operations per sixteen values and half about as
-//! many (F16C conversions are two each); both keep up with memory beyond the caches. The fp8
-//! formats stay compute bound even there: the exact rounding (subnormals, overflow, NaN) is
+//! many (F16C conversions are two each); both keep up with memory beyond the caches, and the
+//! FP16/BF16 instructions take them most of the way in cache too. The fp8 formats stay
+//! compute bound even beyond the caches: the exact rounding (subnormals, overflow, NaN) is
 //! some fifteen operations per vector and widening another eight, which no table lookup
 //! would remove; they still run several times faster than the portable loop.
 
@@ -29,11 +31,13 @@ mod avx2;
 #[cfg(busbw_avx512)]
 mod avx512;
 mod codec;
+#[cfg(busbw_avx512fp16)]
+mod fp16;
 
 use super::simd::Simd;
 use super::{bf16, f16, Element, F8E4M3, F8E5M2};
 use crate::dtype::ReduceOp;
-use codec::{Bf16, Codec, E4m3, E5m2, Fp8, Halves, F16};
+use codec::{Bf16, Codec, E4m3, E5m2, Fp8, Halves, Step, F16};
 use std::any::TypeId;
 
 /// One vector width's primitives: `f32` and 32-bit integer lane operations, in which the
@@ -97,8 +101,8 @@ trait Lanes {
     unsafe fn e4m3_half(b: Self::B) -> Self::H;
 }
 
-/// An element-wise operation: on whole vectors, and on single values for the remainder.
-trait Op<C: Codec> {
+/// An element-wise operation: on whole steps, and on single values for the remainder.
+trait Op<C: Step> {
     unsafe fn vec(a: C::Raw, b: C::Raw) -> C::Raw;
     fn one(a: C::Elem, b: C::Elem) -> C::Elem;
 }
@@ -152,7 +156,7 @@ choose!(Max, max, |wa, wb| wa < wb);
 
 /// `dst = o(dst, src)` on the common length.
 #[inline(always)]
-unsafe fn map2<C: Codec, O: Op<C>>(dst: &mut [C::Elem], src: &[C::Elem]) {
+unsafe fn map2<C: Step, O: Op<C>>(dst: &mut [C::Elem], src: &[C::Elem]) {
     let n = dst.len().min(src.len());
     let body = n - n % C::W;
     let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
@@ -168,7 +172,7 @@ unsafe fn map2<C: Codec, O: Op<C>>(dst: &mut [C::Elem], src: &[C::Elem]) {
 
 /// `dst = o(a, b)` on the common length.
 #[inline(always)]
-unsafe fn map3<C: Codec, O: Op<C>>(dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
+unsafe fn map3<C: Step, O: Op<C>>(dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
     let n = dst.len().min(a.len()).min(b.len());
     let body = n - n % C::W;
     let (d, pa, pb) = (dst.as_mut_ptr(), a.as_ptr(), b.as_ptr());
@@ -182,47 +186,69 @@ unsafe fn map3<C: Codec, O: Op<C>>(dst: &mut [C::Elem], a: &[C::Elem], b: &[C::E
     }
 }
 
-#[inline(always)]
-unsafe fn inplace<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], src: &[C::Elem]) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map2::<C, Add>(dst, src),
-        ReduceOp::Prod => map2::<C, Mul>(dst, src),
-        ReduceOp::Min => map2::<C, Min>(dst, src),
-        ReduceOp::Max => map2::<C, Max>(dst, src),
+/// A step type with all four operations: what the entry points run.
+trait Ops: Step {
+    unsafe fn inplace(op: ReduceOp, dst: &mut [Self::Elem], src: &[Self::Elem]);
+    unsafe fn into(op: ReduceOp, dst: &mut [Self::Elem], a: &[Self::Elem], b: &[Self::Elem]);
+}
+
+impl<C: Step> Ops for C
+where
+    Add: Op<C>,
+    Mul: Op<C>,
+    Min: Op<C>,
+    Max: Op<C>,
+{
+    #[inline(always)]
+    unsafe fn inplace(op: ReduceOp, dst: &mut [C::Elem], src: &[C::Elem]) {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map2::<C, Add>(dst, src),
+            ReduceOp::Prod => map2::<C, Mul>(dst, src),
+            ReduceOp::Min => map2::<C, Min>(dst, src),
+            ReduceOp::Max => map2::<C, Max>(dst, src),
+        }
+    }
+    #[inline(always)]
+    unsafe fn into(op: ReduceOp, dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map3::<C, Add>(dst, a, b),
+            ReduceOp::Prod => map3::<C, Mul>(dst, a, b),
+            ReduceOp::Min => map3::<C, Min>(dst, a, b),
+            ReduceOp::Max => map3::<C, Max>(dst, a, b),
+        }
     }
 }
 
-#[inline(always)]
-unsafe fn into<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map3::<C, Add>(dst, a, b),
-        ReduceOp::Prod => map3::<C, Mul>(dst, a, b),
-        ReduceOp::Min => map3::<C, Min>(dst, a, b),
-        ReduceOp::Max => map3::<C, Max>(dst, a, b),
-    }
+/// The entry points of one tier: [`Ops`] built with the tier's target features.
+macro_rules! entries {
+    ($(#[$cfg:meta])* $features:literal, $inplace:ident, $into:ident) => {
+        $(#[$cfg])*
+        #[target_feature(enable = $features)]
+        unsafe fn $inplace<C: Ops>(op: ReduceOp, dst: &mut [C::Elem], src: &[C::Elem]) {
+            C::inplace(op, dst, src)
+        }
+
+        $(#[$cfg])*
+        #[target_feature(enable = $features)]
+        unsafe fn $into<C: Ops>(op: ReduceOp, dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
+            C::into(op, dst, a, b)
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn inplace_avx2<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], src: &[C::Elem]) {
-    inplace::<C>(op, dst, src)
-}
-
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn into_avx2<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
-    into::<C>(op, dst, a, b)
-}
-
-#[cfg(busbw_avx512)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn inplace_avx512<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], src: &[C::Elem]) {
-    inplace::<C>(op, dst, src)
-}
-
-#[cfg(busbw_avx512)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn into_avx512<C: Codec>(op: ReduceOp, dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
-    into::<C>(op, dst, a, b)
-}
+entries!("avx2,f16c", inplace_avx2, into_avx2);
+entries!(
+    #[cfg(busbw_avx512)]
+    "avx512f,avx512bw,avx512vl,avx2,f16c",
+    inplace_avx512,
+    into_avx512
+);
+entries!(
+    #[cfg(busbw_avx512fp16)]
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512fp16,avx512bf16,avx2,f16c",
+    inplace_fp16,
+    into_fp16
+);
 
 /// `s` as a slice of `U` when `T` is `U`.
 fn cast<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
@@ -238,20 +264,29 @@ fn cast_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
 }
 
 /// Runs the narrow-float kernel of `T` at tier `$simd` (supported, not portable) when `T` is
-/// one of the narrow floats: `$avx2`/`$avx512` are the entry points, `$d` the destination,
-/// `$s` the sources (identifiers, rebound to the narrow type).
+/// one of the narrow floats: `[$avx2, $avx512, $fp16]` are the tiers' entry points, `$d` the
+/// destination, `$s` the sources (identifiers, rebound to the narrow type).
 macro_rules! narrow {
-    ($simd:expr, $T:ty, $avx2:ident, $avx512:ident, $op:expr, $d:ident, $($s:ident),+) => {
-        narrow!(@ $simd, $T, $avx2, $avx512, $op, $d, [$($s),+], bf16, Bf16<avx2::Avx2>, Bf16<avx512::Avx512>);
-        narrow!(@ $simd, $T, $avx2, $avx512, $op, $d, [$($s),+], f16, Halves<F16, avx2::Avx2>, Halves<F16, avx512::Avx512>);
-        narrow!(@ $simd, $T, $avx2, $avx512, $op, $d, [$($s),+], F8E4M3, Halves<Fp8<E4m3>, avx2::Avx2>, Halves<Fp8<E4m3>, avx512::Avx512>);
-        narrow!(@ $simd, $T, $avx2, $avx512, $op, $d, [$($s),+], F8E5M2, Halves<Fp8<E5m2>, avx2::Avx2>, Halves<Fp8<E5m2>, avx512::Avx512>);
+    ($simd:expr, $T:ty, $entries:tt, $op:expr, $d:ident, $($s:ident),+) => {
+        narrow!(@ $simd, $T, $entries, $op, $d, [$($s),+], bf16,
+            Bf16<avx2::Avx2>, Bf16<avx512::Avx512>, Bf16<avx512::Avx512, fp16::NeRound>);
+        narrow!(@ $simd, $T, $entries, $op, $d, [$($s),+], f16,
+            Halves<F16, avx2::Avx2>, Halves<F16, avx512::Avx512>, fp16::F16x32);
+        narrow!(@ $simd, $T, $entries, $op, $d, [$($s),+], F8E4M3,
+            Halves<Fp8<E4m3>, avx2::Avx2>, Halves<Fp8<E4m3>, avx512::Avx512>,
+            Halves<Fp8<E4m3>, avx512::Avx512>);
+        narrow!(@ $simd, $T, $entries, $op, $d, [$($s),+], F8E5M2,
+            Halves<Fp8<E5m2>, avx2::Avx2>, Halves<Fp8<E5m2>, avx512::Avx512>,
+            Halves<Fp8<E5m2>, avx512::Avx512>);
     };
-    (@ $simd:expr, $T:ty, $avx2:ident, $avx512:ident, $op:expr, $d:ident, [$($s:ident),+], $E:ty, $c2:ty, $c512:ty) => {
+    (@ $simd:expr, $T:ty, [$avx2:ident, $avx512:ident, $fp16:ident], $op:expr, $d:ident,
+     [$($s:ident),+], $E:ty, $c2:ty, $c512:ty, $cfp16:ty) => {
         if let (Some(d), $(Some($s)),+) = (cast_mut::<$T, $E>($d), $(cast::<$T, $E>($s)),+) {
             // SAFETY: the caller checked that the CPU runs the tier.
             unsafe {
                 match $simd {
+                    #[cfg(busbw_avx512fp16)]
+                    Simd::Avx512Fp16 => $fp16::<$cfp16>($op, d, $($s),+),
                     #[cfg(busbw_avx512)]
                     Simd::Avx512 => $avx512::<$c512>($op, d, $($s),+),
                     _ => $avx2::<$c2>($op, d, $($s),+),
@@ -273,7 +308,14 @@ pub(super) fn reduce_inplace<T: Element>(
     if simd == Simd::Portable {
         return false;
     }
-    narrow!(simd, T, inplace_avx2, inplace_avx512, op, dst, src);
+    narrow!(
+        simd,
+        T,
+        [inplace_avx2, inplace_avx512, inplace_fp16],
+        op,
+        dst,
+        src
+    );
     false
 }
 
@@ -288,6 +330,6 @@ pub(super) fn reduce_into<T: Element>(
     if simd == Simd::Portable {
         return false;
     }
-    narrow!(simd, T, into_avx2, into_avx512, op, dst, a, b);
+    narrow!(simd, T, [into_avx2, into_avx512, into_fp16], op, dst, a, b);
     false
 }
