@@ -15,8 +15,9 @@
 //! sign (F16C alone would keep payload bits), bfloat16 keeps the top of the payload and sets
 //! the quiet bit (as `half::bf16::from_f32`).
 //!
-//! The vector body covers whole steps of two vectors; the remainder runs the scalar `Element`
-//! operations, which round identically.
+//! The vector body covers whole steps of two vectors from the destination's first 64-byte
+//! boundary; the values before and after it run the scalar `Element` operations, which round
+//! identically.
 //!
 //! Where the time goes: with 512-bit vectors, Intel cores issue integer and conversion work
 //! on two ports only, so a kernel is as fast as its operation count allows once the data sits
@@ -154,19 +155,27 @@ macro_rules! choose {
 choose!(Min, min, |wa, wb| wb < wa);
 choose!(Max, max, |wa, wb| wa < wb);
 
+/// The vector body of `n` values from `dst`: from its first 64-byte boundary (see
+/// `simd::head`) over whole steps; single values before and after.
+#[inline(always)]
+fn body<C: Step>(dst: *const C::Elem, n: usize) -> std::ops::Range<usize> {
+    let h = super::simd::head(dst, n);
+    h..h + (n - h) / C::W * C::W
+}
+
 /// `dst = o(dst, src)` on the common length.
 #[inline(always)]
 unsafe fn map2<C: Step, O: Op<C>>(dst: &mut [C::Elem], src: &[C::Elem]) {
     let n = dst.len().min(src.len());
-    let body = n - n % C::W;
+    let body = body::<C>(dst.as_ptr(), n);
     let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
-    let mut i = 0;
-    while i < body {
+    let mut i = body.start;
+    while i < body.end {
         C::store(d.add(i), O::vec(C::load(d.add(i)), C::load(s.add(i))));
         i += C::W;
     }
-    for (x, y) in dst[body..n].iter_mut().zip(&src[body..n]) {
-        *x = O::one(*x, *y);
+    for i in (0..body.start).chain(body.end..n) {
+        dst[i] = O::one(dst[i], src[i]);
     }
 }
 
@@ -174,15 +183,15 @@ unsafe fn map2<C: Step, O: Op<C>>(dst: &mut [C::Elem], src: &[C::Elem]) {
 #[inline(always)]
 unsafe fn map3<C: Step, O: Op<C>>(dst: &mut [C::Elem], a: &[C::Elem], b: &[C::Elem]) {
     let n = dst.len().min(a.len()).min(b.len());
-    let body = n - n % C::W;
+    let body = body::<C>(dst.as_ptr(), n);
     let (d, pa, pb) = (dst.as_mut_ptr(), a.as_ptr(), b.as_ptr());
-    let mut i = 0;
-    while i < body {
+    let mut i = body.start;
+    while i < body.end {
         C::store(d.add(i), O::vec(C::load(pa.add(i)), C::load(pb.add(i))));
         i += C::W;
     }
-    for ((x, y), z) in dst[body..n].iter_mut().zip(&a[body..n]).zip(&b[body..n]) {
-        *x = O::one(*y, *z);
+    for i in (0..body.start).chain(body.end..n) {
+        dst[i] = O::one(a[i], b[i]);
     }
 }
 
