@@ -2,21 +2,28 @@
 //!
 //! Integer ops wrap (as NCCL's do on the GPU); float ops are plain IEEE operations. The loops
 //! are written so the compiler vectorises them: the operator is chosen once outside the loop
-//! and the body is a straight element-wise map.
+//! and the body is a straight element-wise map. Each kernel exists at several instruction-set
+//! tiers ([`Simd`]: portable, AVX2, AVX-512, AVX-512 with FP16), picked once per process from
+//! the CPU and `BUSBW_SIMD`; all give the same bits.
 //!
-//! The narrow floats (`half`, `bfloat16`, both fp8 formats) have no native arithmetic here:
-//! each operation widens both operands to `f32`, operates, and rounds once back. `f32` carries
+//! The narrow floats (`half`, `bfloat16`, both fp8 formats) have no native arithmetic here
+//! (except half at the FP16 tier, which rounds to the same values): each operation widens both
+//! operands to `f32`, operates, and rounds once back. `f32` carries
 //! at least twice the narrow precision plus two bits, so that single rounding gives the
 //! correctly rounded result of the narrow type, the value NCCL's `__hadd`/`__hmul` and its
 //! float-based fp8 reductions produce.
 
 pub mod fp8;
 mod narrow;
+mod simd;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use fp8::{F8E4M3, F8E5M2};
 /// Re-exported so `with_dtype!` and callers can name the 16-bit types without depending on
 /// `half` themselves.
 pub use half::{bf16, f16};
+pub use simd::{Simd, UnknownSimd, SIMD_ENV};
 
 use crate::dtype::{DataType, ReduceOp};
 
@@ -186,74 +193,56 @@ fn max<T: Element>(a: T, b: T) -> T {
     }
 }
 
-#[inline(always)]
-fn map2_loop<T: Element>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f(*d, *s);
-    }
-}
-
-#[inline(always)]
-fn map3_loop<T: Element>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
-        *d = f(*x, *y);
-    }
-}
-
-// The default x86_64 target only assumes SSE2. The same loops built for AVX2 run about three
-// times faster for the narrow floats, whose widen-operate-round bodies are compute bound;
-// the results are the same bits (same IEEE operations, no contraction into FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn map2_avx2<T: Element>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
-    map2_loop(dst, src, f)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn map3_avx2<T: Element>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    map3_loop(dst, a, b, f)
-}
-
-#[inline(always)]
-fn map2<T: Element>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { map2_avx2(dst, src, f) };
-    }
-    map2_loop(dst, src, f)
-}
-
-#[inline(always)]
-fn map3<T: Element>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { map3_avx2(dst, a, b, f) };
-    }
-    map3_loop(dst, a, b, f)
-}
-
 /// `dst = dst op src`. `Avg` accumulates a sum; the division happens once, in [`finish_avg`].
 /// `MulSum` is a plain sum here: each rank premultiplies its own contribution (see
 /// [`scale_inplace`]) before it enters the reduction, as NCCL's PreMulSum does.
 pub fn reduce_inplace<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map2(dst, src, T::add),
-        ReduceOp::Prod => map2(dst, src, T::mul),
-        ReduceOp::Min => map2(dst, src, min),
-        ReduceOp::Max => map2(dst, src, max),
-    }
+    inplace_at(Simd::active(), op, dst, src)
 }
 
 /// `dst = a op b` (out-of-place: the local contribution stays untouched in the send buffer).
 pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
+    into_at(Simd::active(), op, dst, a, b)
+}
+
+/// [`reduce_inplace`] at tier `simd`, or the best tier below it that this CPU runs: the same
+/// bits at every tier, so benchmarks and tests can compare them in one process.
+pub fn reduce_inplace_simd<T: Element>(simd: Simd, op: ReduceOp, dst: &mut [T], src: &[T]) {
+    inplace_at(simd.min(Simd::best()), op, dst, src)
+}
+
+/// [`reduce_into`] at tier `simd`, as [`reduce_inplace_simd`].
+pub fn reduce_into_simd<T: Element>(simd: Simd, op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
+    into_at(simd.min(Simd::best()), op, dst, a, b)
+}
+
+/// [`reduce_inplace`] at a tier this CPU runs.
+#[inline]
+fn inplace_at<T: Element>(simd: Simd, op: ReduceOp, dst: &mut [T], src: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::reduce_inplace(simd, op, dst, src) {
+        return;
+    }
     match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => map3(dst, a, b, T::add),
-        ReduceOp::Prod => map3(dst, a, b, T::mul),
-        ReduceOp::Min => map3(dst, a, b, min),
-        ReduceOp::Max => map3(dst, a, b, max),
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => simd::run2(simd, dst, src, T::add),
+        ReduceOp::Prod => simd::run2(simd, dst, src, T::mul),
+        ReduceOp::Min => simd::run2(simd, dst, src, min),
+        ReduceOp::Max => simd::run2(simd, dst, src, max),
+    }
+}
+
+/// [`reduce_into`] at a tier this CPU runs.
+#[inline]
+fn into_at<T: Element>(simd: Simd, op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::reduce_into(simd, op, dst, a, b) {
+        return;
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::MulSum => simd::run3(simd, dst, a, b, T::add),
+        ReduceOp::Prod => simd::run3(simd, dst, a, b, T::mul),
+        ReduceOp::Min => simd::run3(simd, dst, a, b, min),
+        ReduceOp::Max => simd::run3(simd, dst, a, b, max),
     }
 }
 
@@ -281,13 +270,14 @@ pub fn reduce_inplace_par<T: Element>(
     pool: Option<&rayon::ThreadPool>,
 ) {
     use rayon::prelude::*;
+    let simd = Simd::active();
     match pool.and_then(|p| Some(p).zip(par_piece::<T>(dst.len(), p.current_num_threads()))) {
         Some((p, piece)) => p.install(|| {
             dst.par_chunks_mut(piece)
                 .zip(src.par_chunks(piece))
-                .for_each(|(d, s)| reduce_inplace(op, d, s))
+                .for_each(|(d, s)| inplace_at(simd, op, d, s))
         }),
-        None => reduce_inplace(op, dst, src),
+        None => inplace_at(simd, op, dst, src),
     }
 }
 
@@ -300,14 +290,15 @@ pub fn reduce_into_par<T: Element>(
     pool: Option<&rayon::ThreadPool>,
 ) {
     use rayon::prelude::*;
+    let simd = Simd::active();
     match pool.and_then(|p| Some(p).zip(par_piece::<T>(dst.len(), p.current_num_threads()))) {
         Some((p, piece)) => p.install(|| {
             dst.par_chunks_mut(piece)
                 .zip(a.par_chunks(piece))
                 .zip(b.par_chunks(piece))
-                .for_each(|((d, x), y)| reduce_into(op, d, x, y))
+                .for_each(|((d, x), y)| into_at(simd, op, d, x, y))
         }),
-        None => reduce_into(op, dst, a, b),
+        None => into_at(simd, op, dst, a, b),
     }
 }
 
