@@ -293,6 +293,15 @@ impl Plan {
                 );
             }
         }
+        // The kernels read it themselves and would ignore a misspelling: say so here.
+        if let Ok(v) = std::env::var(busbw_collectives::element::SIMD_ENV) {
+            if let Err(e) = v.parse::<busbw_collectives::element::Simd>() {
+                return Err(format!(
+                    "{}: {e}; unset it to use the best tier this CPU runs",
+                    busbw_collectives::element::SIMD_ENV
+                ));
+            }
+        }
         if !(0..=MAX_UNALIGN).contains(&a.unalign) {
             return Err(format!(
                 "-u {}: the shift is a count of elements from 0 to {MAX_UNALIGN}",

@@ -408,6 +408,7 @@ fn bad_flags_are_usage_errors() {
     usage_error(&["all_reduce_perf", "-b", "1X"], "suffix");
     usage_error(&["all_reduce_perf", "-n", "0"], "-n 0");
     usage_error(&["all_reduce_perf", "--bogus"], "--bogus");
+    usage_error(&["all_reduce_perf", "--rotate", "lots"], "`max`");
     usage_error(
         &["all_reduce_perf", "--socket-nthreads", "17"],
         "at most 16 (NCCL_SOCKET_NTHREADS' limit)",
@@ -449,6 +450,21 @@ fn gpus_need_the_cuda_build_and_a_driver() {
     } else {
         eprintln!("SKIP: this host has a CUDA driver; scripts/gpu-check.sh tests -g 1 on it");
     }
+}
+
+#[test]
+fn a_misspelt_simd_tier_is_a_usage_error() {
+    let out = busbw()
+        .args(["all_reduce_perf", "-b", "8", "-e", "8"])
+        .env("BUSBW_SIMD", "avx9")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("BUSBW_SIMD") && stderr.contains("\"avx9\"") && stderr.contains("avx2"),
+        "{stderr}"
+    );
 }
 
 #[test]
