@@ -242,11 +242,17 @@ impl CostModel {
 }
 
 /// Repetitions of the calibration runs: well under a second for eight local ranks. The
-/// largest probe is bandwidth-bound and large enough for both trees at the default segment
-/// size; it takes fewer repetitions, being the longest.
-const SMALL_REPS: usize = 5;
+/// small probes cost microseconds and are the noisiest (one preemption is many times their
+/// length), so they repeat most; the largest probe is bandwidth-bound, large enough for both
+/// trees at the default segment size, and repeats least, being the longest.
 const LARGE_BYTES: usize = 2 << 20;
-const LARGE_REPS: usize = 3;
+fn reps_for(bytes: usize) -> usize {
+    match bytes {
+        b if b <= 16 << 10 => 25,
+        b if b < LARGE_BYTES => 7,
+        _ => 3,
+    }
+}
 
 /// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`.
 fn time_one(
@@ -299,11 +305,7 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PROBED.len() * probes.len()];
     for (p, &bytes) in probes.iter().enumerate() {
-        let reps = if bytes >= LARGE_BYTES {
-            LARGE_REPS
-        } else {
-            SMALL_REPS
-        };
+        let reps = reps_for(bytes);
         // Round 0 is untimed: it opens connections and grows buffers.
         for rep in 0..=reps {
             for k in 0..PROBED.len() {
