@@ -9,7 +9,7 @@ well), with what auto chose. `default` in --algos runs without --algo (and NCCL_
 the algorithm a user gets.
 
 Usage: bench/scripts/algos.py [--reps 5] [--np 8] [--transport shm] [--algos ring,tree,rd,auto]
-                              [--rotate 16M] [--bin target/release/busbw]
+                              [--rotate 8M] [--bin target/release/busbw]
 """
 import argparse
 import os
@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--np", type=int, default=8)
     ap.add_argument("--transport", default="shm")
     ap.add_argument("--algos", default="ring,tree,rd,auto")
-    ap.add_argument("--rotate", default="16M")
+    ap.add_argument("--rotate", default="8M")
     ap.add_argument("--bin", default="target/release/busbw")
     a = ap.parse_args()
     algos = a.algos.split(",")

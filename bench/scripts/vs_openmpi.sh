@@ -17,7 +17,7 @@
 # references, a single-core memcpy bandwidth and iperf3's TCP loopback goodput.  The peer
 # validates every size (exit 7 on a wrong element); busbw runs with -c 0.
 #
-# Both sides rotate their buffers over the same window (--rotate, default busbw's 16M; 0 keeps
+# Both sides rotate their buffers over the same window (--rotate, default busbw's 8M; 0 keeps
 # them still, both then run sizes that fit a core's cache from that cache): iteration k uses
 # bytes * (k mod floor(WINDOW/bytes)) into the buffers, busbw with --rotate WINDOW and the peer
 # with -r WINDOW.
@@ -28,7 +28,7 @@
 #
 #   bench/scripts/vs_openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
 #                               [--sizes "8 128K 1M 8M 32M 128M"] [--no-build] [--raw FILE]
-#                               [--rt] [--rotate 16M]
+#                               [--rt] [--rotate 8M]
 #
 # --rt runs both sides (and the references) under SCHED_FIFO priority 1 (chrt -f 1): on a
 # machine shared with builds and other jobs this keeps their CPU time out of both
@@ -49,7 +49,7 @@ RAW=""
 RT=()
 AVG=${BUSBW_AVG:-3}
 ALGO=${BUSBW_ALGO:-auto}
-ROTATE=16M
+ROTATE=8M
 while (($#)); do
     case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
