@@ -185,9 +185,10 @@ fn parse_op(s: &str) -> Result<Choice<ReduceOp>, String> {
         .map_err(|e: busbw_collectives::ParseNameError| e.to_string())
 }
 
-/// `--algo` / `NCCL_ALGO`. Besides `ring`, `tree`, `rd` and `auto`, NCCL's list syntax is
-/// understood as far as it concerns ring and tree: `Ring,Tree` (a choice: auto), `^Tree` (all
-/// but tree: ring), `^Ring` (tree), so an environment set up for NCCL means the same here.
+/// `--algo` / `NCCL_ALGO`. Besides `ring`, `tree`, `rd`, `direct` and `auto`, NCCL's list
+/// syntax is understood as far as it concerns ring and tree: `Ring,Tree` (a choice: auto),
+/// `^Tree` (all but tree: ring), `^Ring` (tree), so an environment set up for NCCL means the
+/// same here.
 fn parse_algo(s: &str) -> Result<Algo, String> {
     let t = s.trim().to_ascii_lowercase();
     let (negate, list) = match t.strip_prefix('^') {
@@ -202,19 +203,20 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     let has = |a: &str| names.contains(&a);
     let known = names
         .iter()
-        .all(|n| matches!(*n, "ring" | "tree" | "rd" | "auto" | "default"));
+        .all(|n| matches!(*n, "ring" | "tree" | "rd" | "direct" | "auto" | "default"));
     let algo = match (negate, has("ring"), has("tree")) {
         _ if !known || names.is_empty() => None,
         (false, _, _) if has("auto") || has("default") || names.len() > 1 => Some(Algo::Auto),
         (false, true, false) => Some(Algo::Ring),
         (false, false, true) => Some(Algo::Tree),
+        (false, false, false) if has("direct") => Some(Algo::Direct),
         (false, false, false) => Some(Algo::Rd),
         (true, true, false) => Some(Algo::Tree),
         (true, false, true) => Some(Algo::Ring),
         _ => None,
     };
     algo.ok_or_else(|| {
-        format!("unknown algorithm '{s}'; expected ring, tree, rd or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
+        format!("unknown algorithm '{s}'; expected ring, tree, rd, direct or auto (or NCCL_ALGO lists such as Ring,Tree or ^Tree)")
     })
 }
 
@@ -599,6 +601,7 @@ mod tests {
         assert_eq!(parse_algo("Tree"), Ok(Algo::Tree));
         assert_eq!(parse_algo("AUTO"), Ok(Algo::Auto));
         assert_eq!(parse_algo("rd"), Ok(Algo::Rd));
+        assert_eq!(parse_algo("Direct"), Ok(Algo::Direct));
         assert_eq!(parse_algo("ring,rd"), Ok(Algo::Auto));
         assert_eq!(parse_algo("Ring,Tree"), Ok(Algo::Auto));
         assert_eq!(parse_algo("^Tree"), Ok(Algo::Ring));

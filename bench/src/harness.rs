@@ -164,9 +164,15 @@ impl Clock {
 
 /// A buffer with every page already mapped: the operating system maps a fresh allocation on
 /// first touch, and a touch inside the timed loop (the first pass over the rotation's window)
-/// would time page faults, which nccl-tests' device memory never takes.
-fn alloc(bytes: usize, what: &str, rank: usize) -> Result<HostBuffer> {
-    HostBuffer::mapped(bytes).with_context(|| {
+/// would time page faults, which nccl-tests' device memory never takes. `shared`: memory
+/// that local peers can map, for the direct AllReduce.
+fn alloc(bytes: usize, what: &str, rank: usize, shared: bool) -> Result<HostBuffer> {
+    let b = if shared {
+        HostBuffer::shared(bytes)
+    } else {
+        HostBuffer::mapped(bytes)
+    };
+    b.with_context(|| {
         format!(
             "rank {rank}: cannot allocate {bytes} bytes for the {what} buffer; lower -e (or \
              --rotate, whose window every buffer holds)"
@@ -208,10 +214,10 @@ pub fn run_with(
     let pad = 8 * plan.unalign as usize;
     let mut meter = Meter::start(plan, dev.as_deref_mut())?;
     let mut bufs = Buffers {
-        send: alloc(max_send + pad, "send", rank)?,
-        recv: alloc(max_recv + pad, "receive", rank)?,
+        send: alloc(max_send + pad, "send", rank, true)?,
+        recv: alloc(max_recv + pad, "receive", rank, true)?,
         expected: if plan.check > 0 {
-            Some(alloc(max_expected, "expected-result", rank)?)
+            Some(alloc(max_expected, "expected-result", rank, false)?)
         } else {
             None
         },
@@ -231,11 +237,22 @@ pub fn run_with(
     let roots = plan.roots(n).map_err(anyhow::Error::msg)?;
     // Auto needs the job's cost model; measuring it is a collective, so every rank does it
     // here, at the same point, and gets the same model.
-    let model = if plan.algo == Algo::Auto {
+    let mut model = if plan.algo == Algo::Auto {
         Some(calibrate(comm).context("calibrating the cost model for --algo auto")?)
     } else {
         None
     };
+    // The calibration timed host buffers; device data runs the ring where the direct
+    // AllReduce was measured, so the choice (and the algo column) must not offer it.
+    if let (Some(m), true) = (model.as_mut(), dev.is_some()) {
+        let direct = busbw_collectives::algo::PROBED
+            .iter()
+            .position(|&a| a == Algo::Direct);
+        if let (Some(t), Some(d)) = (m.measured.as_mut(), direct) {
+            t.secs[d] = [f64::INFINITY; 4];
+        }
+    }
+    let direct_before = busbw_collectives::direct::tally(comm);
 
     for &dtype in &plan.dtypes {
         for &op in &plan.ops {
@@ -255,6 +272,17 @@ pub fn run_with(
                 sweep(comm, plan, &mut st, c, &mut sink)?;
             }
         }
+    }
+    // Say so where the direct AllReduce that was asked for (or chosen) ran the ring.
+    let (ran, fell_back, why) = busbw_collectives::direct::tally(comm);
+    let fell_back = fell_back - direct_before.1;
+    if let (Some(sink), true, Some(why)) = (sink, fell_back > 0, why) {
+        sink.comment(&format!(
+            "# direct AllReduce: {fell_back} of {} calls ran the ring instead: {}",
+            fell_back + ran - direct_before.0,
+            why.describe()
+        ))
+        .context("writing the results")?;
     }
     if let Some(m) = meter {
         summary.memory = Some(m.finish(comm, dev)?);

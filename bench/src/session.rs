@@ -572,6 +572,9 @@ fn comm_config(plan: &Plan, abort: &Abort, local_ranks: usize) -> CommConfig {
     CommConfig {
         timeout: plan.timeout,
         abort: abort.clone(),
+        // Local ranks that talk through shared memory may as well map each other's buffers;
+        // `--transport tcp` (or verbs) between local ranks asks for that transport measured.
+        direct: matches!(plan.transport, TransportKind::Shm | TransportKind::Auto),
         ..CommConfig::default()
     }
     .for_cores(local_ranks, cores)

@@ -830,7 +830,10 @@ fn all_reduce_tree_and_auto() {
     assert_eq!(data.len(), 5);
     for l in data {
         assert!(
-            l.ends_with("    ring") || l.ends_with("    tree") || l.ends_with("      rd"),
+            l.ends_with("    ring")
+                || l.ends_with("    tree")
+                || l.ends_with("      rd")
+                || l.ends_with("  direct"),
             "{l}"
         );
         assert_eq!(l.len(), 118 + 8, "{l:?}");
@@ -853,6 +856,58 @@ fn all_reduce_tree_and_auto() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("bogus"));
+}
+
+/// The direct AllReduce maps its peers' buffers between processes (every operator, in and
+/// out of place, validated); where local ranks are asked to talk TCP it runs the ring and
+/// the table says so.
+#[test]
+fn all_reduce_direct_between_processes() {
+    for (np, transport, direct) in [("2", "shm", true), ("3", "auto", true), ("2", "tcp", false)] {
+        let out = run(&[
+            "all_reduce_perf",
+            "--np",
+            np,
+            "--transport",
+            transport,
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "32",
+            "-n",
+            "2",
+            "--algo",
+            "direct",
+            "-o",
+            "all",
+            "-d",
+            "all",
+        ]);
+        let stdout = text(&out.stdout);
+        let case = format!("np={np} --transport {transport}");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{case}\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 12 * 6 * 4, "{case}\n{stdout}");
+        assert!(
+            rows.iter().all(|r| r.oop_wrong == "0" && r.ip_wrong == "0"),
+            "{case}\n{stdout}"
+        );
+        let note = "direct AllReduce: ";
+        assert_eq!(!stdout.contains(note), direct, "{case}\n{stdout}");
+        if !direct {
+            assert!(
+                stdout.contains("ran the ring instead: the ranks are not all on one host"),
+                "{stdout}"
+            );
+        }
+    }
 }
 
 /// Data connections follow --socket-ifname / NCCL_SOCKET_IFNAME; an interface this host lacks

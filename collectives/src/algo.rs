@@ -12,6 +12,7 @@
 
 use crate::communicator::Communicator;
 use crate::data::{bytes_of, Data};
+use crate::direct::direct_all_reduce;
 use crate::dtype::{DataType, ParseNameError, ReduceOp};
 use crate::error::CommError;
 use crate::rd::all_reduce_values;
@@ -30,17 +31,21 @@ pub enum Algo {
     Tree,
     /// Recursive doubling ([`crate::rd`]), MPI's short-message AllReduce.
     Rd,
+    /// Ranks of one host reading and writing each other's buffers ([`crate::direct`]); the
+    /// ring where that cannot be.
+    Direct,
     Auto,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Auto];
+    pub const ALL: [Algo; 5] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct, Algo::Auto];
 
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::Tree => "tree",
             Algo::Rd => "rd",
+            Algo::Direct => "direct",
             Algo::Auto => "auto",
         }
     }
@@ -60,6 +65,7 @@ impl FromStr for Algo {
             "ring" => Ok(Algo::Ring),
             "tree" => Ok(Algo::Tree),
             "rd" | "recursive-doubling" | "recursive_doubling" => Ok(Algo::Rd),
+            "direct" => Ok(Algo::Direct),
             "auto" => Ok(Algo::Auto),
             _ => Err(ParseNameError {
                 what: "algorithm",
@@ -87,7 +93,7 @@ pub const NCCL_TREE_BW_FACTOR: f64 = 2.0 / 0.92;
 pub const RING_MARGIN: f64 = 0.1;
 
 /// The algorithms [`calibrate`] times, in [`Measured::secs`]' order.
-pub const PROBED: [Algo; 3] = [Algo::Ring, Algo::Tree, Algo::Rd];
+pub const PROBED: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct];
 
 /// Every probed algorithm timed at a few sizes on this job: what [`CostModel::choose`] goes
 /// by when present, instead of the hop formulas of [`CostModel::predict`], which assume that
@@ -98,8 +104,10 @@ pub const PROBED: [Algo; 3] = [Algo::Ring, Algo::Tree, Algo::Rd];
 pub struct Measured {
     /// Probe sizes, ascending.
     pub bytes: [usize; 4],
-    /// Median seconds per call, `[algorithm in PROBED order][probe]`.
-    pub secs: [[f64; 4]; 3],
+    /// Median seconds per call, `[algorithm in PROBED order][probe]`; infinite for an
+    /// algorithm that cannot run on this job (the direct one across hosts, or where buffers
+    /// cannot be mapped).
+    pub secs: [[f64; 4]; 4],
 }
 
 impl Measured {
@@ -108,6 +116,9 @@ impl Measured {
     /// largest.
     pub fn time(&self, a: usize, bytes: usize) -> f64 {
         let (xs, ys) = (&self.bytes, &self.secs[a]);
+        if ys.iter().any(|y| !y.is_finite()) {
+            return f64::INFINITY;
+        }
         let x = bytes as f64;
         if bytes <= xs[0] {
             return ys[0];
@@ -189,6 +200,9 @@ impl CostModel {
                 let hops = rd_hops(nranks) as f64;
                 hops * alpha + hops * b / beta
             }
+            // Whether it can run at all depends on the job's memory, which only a
+            // measurement finds out: never predicted faster.
+            Algo::Direct => f64::INFINITY,
             Algo::Auto => self.predict(self.choose(bytes, nranks), bytes, nranks),
         }
     }
@@ -213,7 +227,7 @@ impl CostModel {
         };
         let ring = time(Algo::Ring);
         let mut best = (Algo::Ring, ring);
-        for a in [Algo::Tree, Algo::Rd] {
+        for a in [Algo::Tree, Algo::Rd, Algo::Direct] {
             let t = time(a);
             if t < ring * (1.0 - RING_MARGIN) && t < best.1 {
                 best = (a, t);
@@ -254,7 +268,8 @@ fn reps_for(bytes: usize) -> usize {
     }
 }
 
-/// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`.
+/// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`; infinite when
+/// another algorithm ran in its place.
 fn time_one(
     comm: &mut Communicator,
     buf: &mut HostBuffer,
@@ -262,7 +277,7 @@ fn time_one(
     bytes: usize,
 ) -> Result<f64, CommError> {
     let t0 = Instant::now();
-    all_reduce_with(
+    let ran = all_reduce_with(
         comm,
         Data::in_place(&mut buf.as_mut_slice()[..bytes]),
         bytes / 4,
@@ -271,7 +286,8 @@ fn time_one(
         algo,
         None,
     )?;
-    Ok(t0.elapsed().as_secs_f64())
+    let t = t0.elapsed().as_secs_f64();
+    Ok(if ran == algo { t } else { f64::INFINITY })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -290,8 +306,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// same algorithm for every call.
 pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
     let n = comm.size();
-    // Zeroed input: sums stay 0, no denormals or infinities slow the float adds.
-    let mut buf = HostBuffer::new(LARGE_BYTES).ok_or(CommError::OutOfMemory {
+    // Zeroed input: sums stay 0, no denormals or infinities slow the float adds. Shared, as
+    // the harness's buffers are, so that the direct AllReduce is timed as it will run.
+    let mut buf = HostBuffer::shared(LARGE_BYTES).ok_or(CommError::OutOfMemory {
         rank: comm.rank(),
         bytes: LARGE_BYTES,
         what: "calibration buffer",
@@ -310,6 +327,12 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
         for rep in 0..=reps {
             for k in 0..PROBED.len() {
                 let a = (k + rep) % PROBED.len();
+                if PROBED[a] == Algo::Direct && !crate::direct::applicable(comm) {
+                    if rep > 0 {
+                        samples[a * probes.len() + p].push(f64::INFINITY);
+                    }
+                    continue;
+                }
                 let t = time_one(comm, &mut buf, PROBED[a], bytes)?;
                 if rep > 0 {
                     samples[a * probes.len() + p].push(t);
@@ -319,7 +342,7 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
     }
     let mut v: Vec<f64> = samples.into_iter().map(median).collect();
     all_reduce_values(comm, &mut v, ReduceOp::Max)?;
-    let mut secs = [[0.0; 4]; 3];
+    let mut secs = [[0.0; 4]; 4];
     for (a, row) in secs.iter_mut().enumerate() {
         row.copy_from_slice(&v[a * probes.len()..(a + 1) * probes.len()]);
     }
@@ -380,6 +403,11 @@ pub fn all_reduce_with(
     match chosen {
         Algo::Tree => tree_all_reduce(comm, data, count, dtype, op)?,
         Algo::Rd => rd_all_reduce(comm, data, count, dtype, op)?,
+        Algo::Direct => {
+            if !direct_all_reduce(comm, data, count, dtype, op)? {
+                return Ok(Algo::Ring);
+            }
+        }
         Algo::Ring | Algo::Auto => all_reduce(comm, data, count, dtype, op)?,
     }
     Ok(chosen)
@@ -399,7 +427,7 @@ mod tests {
         assert_eq!("Tree".parse::<Algo>().unwrap(), Algo::Tree);
         let e = "collnet".parse::<Algo>().unwrap_err().to_string();
         assert!(
-            e.contains("collnet") && e.contains("ring, tree, rd, auto"),
+            e.contains("collnet") && e.contains("ring, tree, rd, direct, auto"),
             "{e}"
         );
     }
@@ -482,6 +510,7 @@ mod tests {
                     ms([1.0, 4.0, 60.0, 400.0]),
                     ms([3.0, 5.0, 40.0, 440.0]),
                     ms([2.0, 8.0, 90.0, 900.0]),
+                    [f64::INFINITY; 4],
                 ],
             }),
             ..CostModel::new(20.0, 2.0)

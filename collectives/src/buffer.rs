@@ -5,6 +5,7 @@
 
 use busbw_transports::{MemRegion, MemoryKind};
 use std::alloc::{self, Layout};
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 
 const ALIGN: usize = 4096;
@@ -13,6 +14,8 @@ const ALIGN: usize = 4096;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// The memfd behind a [`HostBuffer::shared`] buffer; `None` for heap memory.
+    shared: Option<OwnedFd>,
 }
 
 // SAFETY: HostBuffer owns its allocation like a Vec<u8>.
@@ -27,12 +30,40 @@ impl HostBuffer {
             return Some(HostBuffer {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len: 0,
+                shared: None,
             });
         }
         let layout = Layout::from_size_align(len, ALIGN).ok()?;
         // SAFETY: layout has non-zero size.
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        Some(HostBuffer { ptr, len })
+        Some(HostBuffer {
+            ptr,
+            len,
+            shared: None,
+        })
+    }
+
+    /// [`HostBuffer::mapped`] in memory that ranks on the same host can map (a memfd): the
+    /// direct AllReduce ([`crate::direct`]) reads and writes peers' buffers in place when
+    /// every rank's are shared. Where no memfd can be had, a heap buffer, which algorithms
+    /// move by copying as before.
+    pub fn shared(len: usize) -> Option<Self> {
+        if len == 0 {
+            return Self::new(0);
+        }
+        match crate::direct::window::create(len) {
+            Ok((ptr, fd)) => Some(HostBuffer {
+                ptr,
+                len,
+                shared: Some(fd),
+            }),
+            Err(_) => Self::mapped(len),
+        }
+    }
+
+    /// Whether peers on this host can map this buffer.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// [`HostBuffer::new`] with every page mapped now (by writing the zeros it holds), so
@@ -86,7 +117,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.shared.is_some() {
+            // SAFETY: made by `window::create` with this length; the descriptor closes after.
+            unsafe { crate::direct::window::release(self.ptr, self.len) };
+        } else if self.len > 0 {
             if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
                 // SAFETY: allocated in `new` with this very layout.
                 unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };

@@ -39,6 +39,10 @@ pub struct CommConfig {
     /// than one only where cores would otherwise idle: when every rank of the node already
     /// has a core busy, extra threads just take turns with the peers they wait for.
     pub reduce_threads: usize,
+    /// Whether ranks of one host may map each other's buffers ([`crate::direct`]): set where
+    /// the job moves local data through shared memory anyway, never where a transport was
+    /// asked for by name to be measured between local ranks (`--transport tcp`).
+    pub direct: bool,
 }
 
 impl Default for CommConfig {
@@ -51,6 +55,7 @@ impl Default for CommConfig {
             spin: Duration::from_micros(50),
             yield_for: Duration::from_millis(2),
             reduce_threads: 1,
+            direct: false,
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct Communicator {
     /// The executor's bookkeeping, reused from call to call (boxed: a call takes it out and
     /// puts it back, which should move a pointer, not the vectors).
     pub(crate) engine: Option<Box<crate::engine::Scratch>>,
+    /// The direct AllReduce's mappings of peers' buffers and its agreement.
+    pub(crate) direct: crate::direct::Direct,
 }
 
 impl Communicator {
@@ -161,6 +168,7 @@ impl Communicator {
             premul: empty()?,
             reduce_pool,
             engine: None,
+            direct: Default::default(),
         })
     }
 

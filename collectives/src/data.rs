@@ -56,6 +56,11 @@ impl<'a> Data<'a> {
         Data { space, ..self }
     }
 
+    /// Whether the buffers are host memory (not a device's twins).
+    pub(crate) fn on_host(&self) -> bool {
+        matches!(self.space, MemorySpace::Host)
+    }
+
     /// The buffers as host data, and the space they really live in: for algorithms that run
     /// on host twins made current by [`MemorySpace::around`].
     pub(crate) fn split_space(self) -> (Data<'a>, MemorySpace<'a>) {

@@ -15,9 +15,9 @@
 //!   current after;
 //! - local copies, scratch and `mulsum`'s premultiplied input are made where the data is.
 //!
-//! One more space (a peer's buffer mapped into this process, which a plan reads in place
-//! instead of receiving) is one more variant here and one more arm in `Space`: the
-//! algorithms, which only see addresses, do not change.
+//! Peers' buffers mapped into this process are not one more space: the direct AllReduce
+//! ([`crate::direct`]) reads and writes them itself, because owning a slice of every rank's
+//! output changes what moves, not where one message lands.
 
 mod call;
 

@@ -1,0 +1,580 @@
+//! The direct AllReduce: ranks of one host read and write each other's buffers in place.
+//!
+//! A ring on shared memory copies every slice through the transport before reducing it: the
+//! peer's partial sum lands in staging (a ring buffer, or `process_vm_readv` into our
+//! memory), is read back and reduced, and the result travels again for the all-gather. When
+//! every rank's buffers are shared memory ([`HostBuffer::shared`](crate::HostBuffer::shared)),
+//! each rank can instead map its peers' buffers ([`window`]) and own one slice of the result
+//! outright: it reads that slice of every rank's input once, reduces it in a chunk that stays
+//! in L1, and writes the result once into every rank's output (NCCL's P2P transport with
+//! direct pointers and MPI's XPMEM collectives work the same way). Each input is read once
+//! and each output written once, with no staging and no second pass.
+//!
+//! Two small all-to-all exchanges over the communicator's connections order the call:
+//! before it, every rank says where its buffers are (and so that it has entered the call,
+//! and its input is written); after it, that it has finished writing into the others'
+//! outputs and reading their inputs, so that each may return and reuse its buffers. The
+//! first call also agrees that every rank could map every other's memory; if one could not,
+//! the communicator stops trying and every call runs the ring, as it does whenever one
+//! rank's buffers are not shared (heap memory, a device): the copy path stays for memory
+//! that cannot be mapped. Every rank sees every description, so all take the same path.
+
+mod mailbox;
+pub(crate) mod window;
+
+use crate::communicator::Communicator;
+use crate::data::{bytes_of, Data};
+use crate::dtype::{DataType, ReduceOp};
+use crate::element::{self, Element};
+use crate::error::CommError;
+use crate::p2p::{exchange, Xfer};
+use crate::ring;
+use crate::with_dtype;
+use smallvec::SmallVec;
+use window::{Key, Windows};
+
+/// First word of a description: tells a rank that its peer runs this algorithm (and this
+/// layout) rather than another that happens to send on the same channel.
+const MAGIC: u64 = u64::from_le_bytes(*b"bbwdir01");
+/// Words of one rank's description: magic, shareable, bytes, spare, then the send buffer's
+/// and the receive buffer's [`Key`]s.
+const WORDS: usize = 16;
+/// The chunk reduced at a time: small enough to stay in L1 with its scratch twin, large
+/// enough that a kernel call's fixed cost is noise.
+const CHUNK_BYTES: usize = 16 << 10;
+/// Out-of-place calls from this size on write their outputs with streaming stores: measured
+/// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1x at 128 KiB rotating, 1.3-1.8x from 256 KiB up,
+/// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce").
+const STREAM_MIN_BYTES: usize = 256 << 10;
+/// Slices start on cache lines, so that no two ranks write one line.
+const LINE: usize = 64;
+/// Channel of the exchanges: the ring's. Calls never overlap, so sharing it is safe.
+const CHANNEL: u32 = 0;
+
+/// Whether every rank could map every other's memory, agreed on the first direct call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Agreed {
+    #[default]
+    Unknown,
+    Yes,
+    No,
+}
+
+/// What the direct AllReduce keeps on a communicator between calls.
+#[derive(Default)]
+pub(crate) struct Direct {
+    windows: Windows,
+    agreed: Agreed,
+    /// Every rank's description of the current call (ours at our rank).
+    descs: Vec<[u64; WORDS]>,
+    /// Every rank's status in the agreement and the final exchange.
+    flags: Vec<u8>,
+    /// The chunk being reduced, and a premultiplied input (`mulsum`). Words, so that every
+    /// element type is aligned in them.
+    acc: Vec<u64>,
+    tmp: Vec<u64>,
+    /// Calls that ran directly and calls that ran the ring instead, with the last reason.
+    ran: u64,
+    fell_back: u64,
+    why: Option<Fallback>,
+    /// The small-message path's mailboxes, set up on the first small call.
+    mail: Mail,
+}
+
+#[derive(Default)]
+enum Mail {
+    #[default]
+    Unknown,
+    Ready(mailbox::Mailboxes),
+    /// Some rank could not map another's mailbox: small calls take the mapping path.
+    No,
+}
+
+/// Why a direct AllReduce ran the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// The communicator is not one host's ranks talking through shared memory (one rank,
+    /// ranks on several hosts, or a transport asked for by name).
+    NotLocal,
+    /// Some rank's buffers are not shared memory (heap or device memory, or empty).
+    NotShared,
+    /// Some rank could not map a peer's buffers (permissions, pid namespaces).
+    Unmappable,
+}
+
+impl Fallback {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fallback::NotLocal => {
+                "the ranks are not all on one host talking through shared memory (--transport shm or auto)"
+            }
+            Fallback::NotShared => "a rank's buffers are not shared memory (device or heap memory)",
+            Fallback::Unmappable => {
+                "a rank could not map its peers' buffers (/proc/<pid>/fd access: ptrace policy or separate pid namespaces)"
+            }
+        }
+    }
+}
+
+/// How a communicator's direct AllReduce calls ran: (direct, ring instead, why the last
+/// one ran the ring).
+pub fn tally(comm: &Communicator) -> (u64, u64, Option<Fallback>) {
+    let d = &comm.direct;
+    (d.ran, d.fell_back, d.why)
+}
+
+/// Whether the direct AllReduce can run on `comm` at all: allowed by its configuration
+/// (the job moves local data through shared memory), at least two ranks, all on one host.
+/// Every rank computes the same answer.
+pub fn applicable(comm: &Communicator) -> bool {
+    comm.config().direct && comm.size() >= 2 && comm.node_map().node_count() == 1
+}
+
+/// AllReduce by reading and writing peers' buffers in place; same contract as
+/// [`crate::all_reduce`]. Where the call cannot run that way (see the module's
+/// documentation) it runs the ring instead and returns `false`; every rank returns the same.
+pub fn direct_all_reduce(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<bool, CommError> {
+    let why = if !applicable(comm) {
+        Some(Fallback::NotLocal)
+    } else if !data.on_host() || count == 0 {
+        Some(Fallback::NotShared)
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        comm.direct.fell_back += 1;
+        comm.direct.why = Some(why);
+        return ring::all_reduce(comm, data, count, dtype, op).map(|()| false);
+    }
+    let bytes = bytes_of(count, dtype)?;
+    let b = data.bufs(
+        comm.rank(),
+        "direct_all_reduce",
+        bytes,
+        bytes,
+        dtype,
+        (0, 0),
+    )?;
+    let mut st = std::mem::take(&mut comm.direct);
+    if bytes <= mailbox::MAX_BYTES {
+        let r = small(comm, &mut st, b.src, b.dst, count, dtype, op);
+        comm.direct = st;
+        if r? {
+            comm.direct.ran += 1;
+            return Ok(true);
+        }
+        st = std::mem::take(&mut comm.direct);
+    }
+    let r = with_dtype!(dtype, T => {
+        // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
+        unsafe { run::<T>(comm, &mut st, b.src as *const T, b.dst as *mut T, count, op) }
+    });
+    comm.direct = st;
+    match r? {
+        None => {
+            comm.direct.ran += 1;
+            return Ok(true);
+        }
+        Some(why) => {
+            comm.direct.fell_back += 1;
+            comm.direct.why = Some(why);
+        }
+    }
+    // SAFETY: the very buffers `data` lent for this call (Data::bufs checked them for
+    // `bytes`); nothing else holds them until the call returns.
+    let again = unsafe {
+        if std::ptr::eq(b.src, b.dst) {
+            Data::in_place(std::slice::from_raw_parts_mut(b.dst, bytes))
+        } else {
+            Data::out_of_place(
+                std::slice::from_raw_parts(b.src, bytes),
+                std::slice::from_raw_parts_mut(b.dst, bytes),
+            )
+        }
+    };
+    ring::all_reduce(comm, again, count, dtype, op).map(|()| false)
+}
+
+/// A small call through the mailboxes, setting them up on the first; `false` where some rank
+/// could not map another's mailbox (every rank alike).
+fn small(
+    comm: &mut Communicator,
+    st: &mut Direct,
+    src: *const u8,
+    dst: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<bool, CommError> {
+    if matches!(st.mail, Mail::Unknown) {
+        st.mail = open_mailboxes(comm)?;
+    }
+    let Mail::Ready(boxes) = &mut st.mail else {
+        return Ok(false);
+    };
+    with_dtype!(dtype, T => {
+        // SAFETY: Data::bufs checked sizes and alignment; every rank makes the same call.
+        unsafe { boxes.all_reduce::<T>(comm, src as *const T, dst as *mut T, count, op)? }
+    });
+    Ok(true)
+}
+
+/// Creates this rank's mailbox, trades keys with every peer, maps theirs, and agrees that
+/// every rank could.
+fn open_mailboxes(comm: &mut Communicator) -> Result<Mail, CommError> {
+    let (me, n) = (comm.rank(), comm.size());
+    let created = mailbox::Mailboxes::create();
+    let mut keys = vec![[0u64; 8]; n];
+    keys[me][0] = MAGIC;
+    if let Some((_, k)) = &created {
+        keys[me][1] = 1;
+        put(&mut keys[me][2..8], k);
+    }
+    // SAFETY: one entry per rank.
+    unsafe { all_to_all(comm, &mut keys, "direct_all_reduce: trading mailboxes")? };
+    if let Some(p) = keys.iter().position(|k| k[0] != MAGIC) {
+        return Err(CommError::Invalid(format!(
+            "rank {me}: direct_all_reduce: rank {p} is not running the direct AllReduce \
+             (ranks disagree about the algorithm)"
+        )));
+    }
+    let opened = match created {
+        Some((own, _)) if keys.iter().all(|k| k[1] == 1) => {
+            let all: Vec<Key> = keys.iter().map(|k| key(&k[2..8])).collect();
+            mailbox::Mailboxes::open(own, &all, me).ok()
+        }
+        _ => None,
+    };
+    let mut ok = vec![0u8; n];
+    ok[me] = u8::from(opened.is_some());
+    // SAFETY: as above.
+    unsafe { all_to_all(comm, &mut ok, "direct_all_reduce: agreeing on mailboxes")? };
+    Ok(match opened {
+        Some(b) if !ok.contains(&0) => Mail::Ready(b),
+        _ => Mail::No,
+    })
+}
+
+fn put(words: &mut [u64], k: &Key) {
+    words.copy_from_slice(&[k.pid, k.fd, k.ino, k.dev, k.file_len, k.off]);
+}
+
+fn key(words: &[u64]) -> Key {
+    Key {
+        pid: words[0],
+        fd: words[1],
+        ino: words[2],
+        dev: words[3],
+        file_len: words[4],
+        off: words[5],
+    }
+}
+
+/// Sends `items[me]` to every peer and receives `items[p]` from each.
+///
+/// # Safety
+/// `items` has one entry per rank.
+unsafe fn all_to_all<E: Copy>(
+    comm: &mut Communicator,
+    items: &mut [E],
+    name: &'static str,
+) -> Result<(), CommError> {
+    let (me, n) = (comm.rank(), comm.size());
+    let size = std::mem::size_of::<E>();
+    let base = items.as_mut_ptr() as *mut u8;
+    let mut xfers: SmallVec<[Xfer; 16]> = SmallVec::new();
+    for p in (0..n).filter(|&p| p != me) {
+        xfers.push(Xfer::Send {
+            peer: p,
+            ptr: base.add(me * size),
+            len: size,
+        });
+        xfers.push(Xfer::Recv {
+            peer: p,
+            ptr: base.add(p * size),
+            len: size,
+        });
+    }
+    // The send reads entry `me`, each receive writes its own entry: nothing overlaps.
+    exchange(
+        comm,
+        &xfers,
+        &[(base as *const u8, n * size)],
+        CHANNEL,
+        name,
+    )
+}
+
+/// This rank's slice `[lo, hi)` of `count` elements of `esize` bytes among `n` ranks.
+fn slice(count: usize, esize: usize, n: usize, rank: usize) -> (usize, usize) {
+    let align = (LINE / esize).max(1);
+    let per = count.div_ceil(n).div_ceil(align) * align;
+    let lo = (rank * per).min(count);
+    (lo, (lo + per).min(count))
+}
+
+/// # Safety
+/// `src` and `dst` are valid for `count` elements (they may be the same buffer).
+unsafe fn run<T: Element>(
+    comm: &mut Communicator,
+    st: &mut Direct,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    op: ReduceOp,
+) -> Result<Option<Fallback>, CommError> {
+    let (me, n) = (comm.rank(), comm.size());
+    let esize = std::mem::size_of::<T>();
+    let bytes = count * esize;
+    st.windows.begin();
+    let mut mine = [0u64; WORDS];
+    mine[0] = MAGIC;
+    mine[2] = bytes as u64;
+    let keys = (
+        window::key_of(src as *const u8, bytes),
+        window::key_of(dst as *const u8, bytes),
+    );
+    if let (Some(ks), Some(kd), false) = (keys.0, keys.1, st.agreed == Agreed::No) {
+        mine[1] = 1;
+        put(&mut mine[4..10], &ks);
+        put(&mut mine[10..16], &kd);
+    }
+    st.descs.clear();
+    st.descs.resize(n, [0; WORDS]);
+    st.descs[me] = mine;
+    all_to_all(comm, &mut st.descs, "direct_all_reduce: describing buffers")?;
+    for (p, d) in st.descs.iter().enumerate() {
+        if d[0] != MAGIC {
+            return Err(CommError::Invalid(format!(
+                "rank {me}: direct_all_reduce: rank {p} is not running the direct AllReduce \
+                 (ranks disagree about the algorithm)"
+            )));
+        }
+        if d[2] != bytes as u64 {
+            return Err(CommError::short_message(
+                me,
+                "direct_all_reduce",
+                p,
+                d[2] as usize,
+                bytes,
+            ));
+        }
+    }
+    if st.descs.iter().any(|d| d[1] == 0) {
+        return Ok(Some(if st.agreed == Agreed::No {
+            Fallback::Unmappable
+        } else {
+            Fallback::NotShared
+        }));
+    }
+    // Every peer's input and output, mapped here; our own as they are.
+    let mut inputs: SmallVec<[*const T; 16]> = SmallVec::new();
+    let mut outputs: SmallVec<[*mut T; 16]> = SmallVec::new();
+    let mut failed = None;
+    for (p, d) in st.descs.iter().enumerate() {
+        if p == me {
+            inputs.push(src);
+            outputs.push(dst);
+            continue;
+        }
+        let w = &mut st.windows;
+        let mapped = w
+            .map(p, &key(&d[4..10]), bytes as u64)
+            .and_then(|i| Ok((i, w.map(p, &key(&d[10..16]), bytes as u64)?)));
+        match mapped {
+            Ok((i, o)) => {
+                inputs.push(i as *const T);
+                outputs.push(o as *mut T);
+            }
+            Err(e) => {
+                failed.get_or_insert(format!("mapping rank {p}'s buffers: {e}"));
+                inputs.push(std::ptr::null());
+                outputs.push(std::ptr::null_mut());
+            }
+        }
+    }
+    if st.agreed == Agreed::Unknown {
+        st.flags.clear();
+        st.flags.resize(n, 0);
+        st.flags[me] = u8::from(failed.is_none());
+        all_to_all(comm, &mut st.flags, "direct_all_reduce: agreeing to map")?;
+        if st.flags.contains(&0) {
+            // Nothing has been written: every rank runs another algorithm, now and later.
+            st.agreed = Agreed::No;
+            return Ok(Some(Fallback::Unmappable));
+        }
+        st.agreed = Agreed::Yes;
+    }
+    if failed.is_none() {
+        reduce_slice(st, &inputs, &outputs, count, op, me);
+    }
+    st.flags.clear();
+    st.flags.resize(n, 0);
+    st.flags[me] = u8::from(failed.is_none());
+    all_to_all(comm, &mut st.flags, "direct_all_reduce: finishing")?;
+    if let Some(cause) = failed {
+        return Err(CommError::Invalid(format!(
+            "rank {me}: direct_all_reduce: {cause}"
+        )));
+    }
+    if let Some(p) = st.flags.iter().position(|&f| f == 0) {
+        return Err(CommError::Invalid(format!(
+            "rank {me}: direct_all_reduce: rank {p} could not map its peers' buffers, so its \
+             slice of the result is missing (its own error says why)"
+        )));
+    }
+    Ok(None)
+}
+
+/// Reduces this rank's slice of every input chunk by chunk and writes each chunk into every
+/// output.
+///
+/// # Safety
+/// Every pointer is valid for `count` elements; no two outputs overlap another rank's slice
+/// of an input this rank reads after writing it (each output chunk is written after the
+/// chunk's inputs are read).
+unsafe fn reduce_slice<T: Element>(
+    st: &mut Direct,
+    inputs: &[*const T],
+    outputs: &[*mut T],
+    count: usize,
+    op: ReduceOp,
+    me: usize,
+) {
+    let n = inputs.len();
+    let esize = std::mem::size_of::<T>();
+    let (lo, hi) = slice(count, esize, n, me);
+    let chunk = CHUNK_BYTES / esize;
+    let words = CHUNK_BYTES / 8;
+    st.acc.resize(words, 0);
+    st.tmp.resize(words, 0);
+    let acc = std::slice::from_raw_parts_mut(st.acc.as_mut_ptr() as *mut T, chunk);
+    let tmp = std::slice::from_raw_parts_mut(st.tmp.as_mut_ptr() as *mut T, chunk);
+    // Out of place, the outputs are not read again by this call or (in a benchmark's loop)
+    // the next: stream them past the cache from STREAM_MIN_BYTES on. In place, the output
+    // is the next call's input, which streaming would evict (measured slower at every size).
+    let stream = !std::ptr::eq(inputs[me], outputs[me]) && count * esize >= STREAM_MIN_BYTES;
+    let mut at = lo;
+    while at < hi {
+        let len = chunk.min(hi - at);
+        let input = |p: usize| std::slice::from_raw_parts(inputs[p].add(at), len);
+        let acc = &mut acc[..len];
+        reduce_all(op, n, acc, &mut tmp[..len], input);
+        for &out in outputs {
+            if stream {
+                copy_streaming(
+                    out.add(at) as *mut u8,
+                    acc.as_ptr() as *const u8,
+                    len * esize,
+                );
+            } else {
+                std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(at), len);
+            }
+        }
+        at += len;
+    }
+    if stream {
+        store_fence();
+    }
+}
+
+/// `out` = every rank's input (`input(p)`) reduced in rank order, so that the bits do not
+/// depend on which rank computes them; `mulsum` premultiplies each through `tmp`, `avg`
+/// divides at the end. `out` must not overlap an input.
+pub(crate) fn reduce_all<'i, T: Element + 'i>(
+    op: ReduceOp,
+    n: usize,
+    out: &mut [T],
+    tmp: &mut [T],
+    input: impl Fn(usize) -> &'i [T],
+) {
+    if op == ReduceOp::MulSum {
+        element::scale_into(out, input(0), 0);
+        for p in 1..n {
+            element::scale_into(tmp, input(p), p);
+            element::reduce_inplace(op, out, tmp);
+        }
+    } else {
+        element::reduce_into(op, out, input(0), input(1));
+        for p in 2..n {
+            element::reduce_inplace(op, out, input(p));
+        }
+    }
+    if op == ReduceOp::Avg {
+        element::finish_avg(out, n);
+    }
+}
+
+/// Copies with non-temporal stores: the result goes to memory without first reading every
+/// destination line into this core's cache (a write of a line not cached costs a read for
+/// ownership, which doubles the traffic of an output far larger than the cache).
+///
+/// # Safety
+/// Both ranges are valid for `len` bytes and do not overlap. Followed by [`store_fence`]
+/// before anyone else is told that the data is there.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = (dst.align_offset(16)).min(len);
+    std::ptr::copy_nonoverlapping(src, dst, head);
+    let mut i = head;
+    while i + 64 <= len {
+        // SAFETY: SSE2 is part of x86_64; `dst + i` is 16-byte aligned.
+        for k in (0..64).step_by(16) {
+            let v = _mm_loadu_si128(src.add(i + k) as *const __m128i);
+            _mm_stream_si128(dst.add(i + k) as *mut __m128i, v);
+        }
+        i += 64;
+    }
+    std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    std::ptr::copy_nonoverlapping(src, dst, len);
+}
+
+/// Orders the streaming stores before the stores that follow (the exchange that tells peers
+/// the result is there).
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_buffer_on_cache_lines() {
+        for (count, esize, n) in [
+            (1, 4, 2),
+            (17, 4, 2),
+            (1000, 2, 3),
+            (1 << 20, 8, 8),
+            (5, 1, 8),
+        ] {
+            let mut next = 0;
+            for r in 0..n {
+                let (lo, hi) = slice(count, esize, n, r);
+                assert_eq!(lo, next, "{count} {esize} {n} {r}");
+                assert!(hi >= lo);
+                if lo < count {
+                    assert_eq!(lo * esize % LINE, 0);
+                }
+                next = hi;
+            }
+            assert_eq!(next, count);
+        }
+    }
+}
