@@ -37,6 +37,8 @@ pub(crate) struct Mailboxes {
     peers: Vec<Option<Mapping>>,
     /// Calls made through the mailboxes.
     seq: u64,
+    /// Scratch for `mulsum` (words: every element type is aligned in them).
+    tmp: Vec<u64>,
 }
 
 impl Mailboxes {
@@ -63,7 +65,12 @@ impl Mailboxes {
                 Some(window::map_file(k)?)
             });
         }
-        Ok(Mailboxes { own, peers, seq: 0 })
+        Ok(Mailboxes {
+            own,
+            peers,
+            seq: 0,
+            tmp: vec![0; MAX_BYTES / 8],
+        })
     }
 
     fn slot(&self, p: usize, me: usize, parity: usize) -> *mut u8 {
@@ -131,13 +138,15 @@ impl Mailboxes {
                 }
             }
         }
+        let tmp = self.tmp.as_mut_ptr() as *mut T;
         let input = |p: usize| {
             std::slice::from_raw_parts(self.slot(p, me, parity).add(HEAD) as *const T, count)
         };
         // The inputs are the mailboxes' copies, so the output never aliases one.
         let out = std::slice::from_raw_parts_mut(dst, count);
-        let mut tmp = [0u64; MAX_BYTES / 8];
-        let tmp = std::slice::from_raw_parts_mut(tmp.as_mut_ptr() as *mut T, count);
+        // `mulsum`'s premultiplied input, allocated once with the mailboxes (zeroing a
+        // stack array of MAX_BYTES on every call would cost more than an 8-byte call).
+        let tmp = std::slice::from_raw_parts_mut(tmp, count);
         super::reduce_all(op, n, out, tmp, input);
         Ok(())
     }

@@ -43,7 +43,7 @@ const WORDS: usize = 16;
 /// enough that a kernel call's fixed cost is noise.
 const CHUNK_BYTES: usize = 16 << 10;
 /// Out-of-place calls from this size on write their outputs with streaming stores: measured
-/// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1x at 128 KiB rotating, 1.3-1.8x from 256 KiB up,
+/// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1-1.3x at 128 KiB rotating, 1.4-2.3x from 256 KiB up,
 /// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce").
 const STREAM_MIN_BYTES: usize = 256 << 10;
 /// Slices start on cache lines, so that no two ranks write one line.
@@ -162,19 +162,16 @@ pub fn direct_all_reduce(
         (0, 0),
     )?;
     let mut st = std::mem::take(&mut comm.direct);
-    if bytes <= mailbox::MAX_BYTES {
-        let r = small(comm, &mut st, b.src, b.dst, count, dtype, op);
-        comm.direct = st;
-        if r? {
-            comm.direct.ran += 1;
-            return Ok(true);
+    // Small calls through the mailboxes where they could be set up, else the mapped buffers.
+    let r = (|| {
+        if bytes <= mailbox::MAX_BYTES && small(comm, &mut st, b.src, b.dst, count, dtype, op)? {
+            return Ok(None);
         }
-        st = std::mem::take(&mut comm.direct);
-    }
-    let r = with_dtype!(dtype, T => {
-        // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
-        unsafe { run::<T>(comm, &mut st, b.src as *const T, b.dst as *mut T, count, op) }
-    });
+        with_dtype!(dtype, T => {
+            // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
+            unsafe { run::<T>(comm, &mut st, b.src as *const T, b.dst as *mut T, count, op) }
+        })
+    })();
     comm.direct = st;
     match r? {
         None => {

@@ -240,7 +240,7 @@ pub(crate) fn map_file(key: &Key) -> io::Result<Mapping> {
     let len = usize::try_from(key.file_len).map_err(|_| invalid("buffer too large"))?;
     // MAP_POPULATE: the page tables are filled now, not by a fault per page on the first
     // pass of a measurement over the peer's buffer (measured: 1 MiB out of place on 2 ranks
-    // took 1.7x as long with the tables filled per call instead). The resident set size
+    // took about twice as long with the tables filled per call instead). The resident set size
     // then counts the peers' buffers too, as it counts any shared memory in every process
     // that maps it; the memory is the same (BENCHMARKS.md).
     let base = map_populated(&fd, len)?;
