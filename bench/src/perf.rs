@@ -388,6 +388,9 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     match work(&mut session, plan, &me) {
         Ok(code) => code,
         Err(e) => {
+            if let Some(r) = &session.rdv {
+                r.hurry(crate::session::LEAVING);
+            }
             let signalled = signal::received();
             let code = signalled.map_or_else(|| classify(&e), signal::exit_code);
             let echo = is_abort(&e);

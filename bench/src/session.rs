@@ -26,6 +26,12 @@ mod flags;
 
 pub use flags::FlagsDiffer;
 
+/// What a failed rank gives the store for everything it still says there (the hang diagnosis,
+/// the abort, checking out, rank 0's linger) before it exits anyway: enough for a reachable
+/// store (the diagnosis window of 1.5 s and rank 0's 2 s linger), short beside `-T` for a rank
+/// cut off from rank 0.
+pub(crate) const LEAVING: Duration = Duration::from_secs(6);
+
 pub struct Session {
     pub comm: Communicator,
     pub rdv: Option<Rendezvous>,
@@ -198,6 +204,7 @@ impl Session {
                 hosts: b.hosts,
             }),
             Err(e) => {
+                rdv.hurry(LEAVING);
                 let _ = rdv.post_abort(&format!(
                     "rank {} on {} failed to join: {e:#}",
                     world.rank, world.hostname

@@ -76,11 +76,21 @@ impl Cluster {
 
     /// `simcluster.sh <what> <name> <i>`: kill-node, link-down, link-up.
     fn fault(&self, what: &str, i: usize) {
+        self.sim(&[what, &self.name, &i.to_string()]);
+    }
+
+    /// Nodes `i` and `j` stop reaching each other; every other path stays.
+    fn partition(&self, i: usize, j: usize) {
+        self.sim(&["partition", &self.name, &i.to_string(), &j.to_string()]);
+    }
+
+    fn sim(&self, args: &[&str]) {
         let out = Command::new("bash")
-            .args([&simcluster(), what, &self.name, &i.to_string()])
+            .arg(simcluster())
+            .args(args)
             .output()
             .expect("run simcluster.sh");
-        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
     }
 }
 
@@ -739,6 +749,59 @@ fn link_down_torchrun() {
         return;
     }
     node_fault(Style::Torchrun, "ldt", port(0), "link-down");
+}
+
+/// Node 2 loses its path to node 0 (rank 0 and the store) and nothing else. Every rank stops
+/// within -T plus the time a failed rank gives the store to hear its last words: node 2's
+/// ranks too, which can tell the store nothing. (They used to wait out a full store timeout on
+/// each of those words, exiting two to three times -T after the cut.)
+#[test]
+fn partition_from_the_store_node() {
+    if !can_run_netns("partition_from_the_store_node") {
+        return;
+    }
+    const T: u64 = 10;
+    // The store's 6 s for a failed rank's last words, the hang diagnosis and 2 cores' noise.
+    const SLACK: f64 = 12.0;
+    let c = Cluster::up("pst", 4);
+    let t = T.to_string();
+    let common = [
+        "-b", "64K", "-e", "1M", "-f", "2", "-n", "20", "-N", "0", "-T", &t,
+    ];
+    let mut job = Job::new(&c, "all_reduce", &common);
+    job.start_all(&specs(&c, Style::Torchrun, 2, port(14)));
+    job.wait_for_first_row(0, Duration::from_secs(60));
+    c.partition(2, 0);
+    let cut = Instant::now();
+    let all: Vec<usize> = (0..job.procs.len()).collect();
+    job.wait_for(&all, Duration::from_secs(4 * T + 20));
+    let ctx = job.dump();
+    let each: Vec<String> = job
+        .procs
+        .iter()
+        .map(|p| {
+            let secs = p.status.unwrap().1.duration_since(cut).as_secs_f64();
+            format!("{}: {:.1} s", p.label, secs)
+        })
+        .collect();
+    eprintln!(
+        "ranks stopped after node 2 lost node 0 (-T {T}): {}",
+        each.join(", ")
+    );
+    for p in &job.procs {
+        let secs = p.status.unwrap().1.duration_since(cut).as_secs_f64();
+        assert!(
+            matches!(p.code(), Some(3) | Some(4)),
+            "{}: exit {:?}, want 3 (peer failed) or 4 (timeout)\n{ctx}",
+            p.label,
+            p.code()
+        );
+        assert!(
+            secs <= T as f64 + SLACK,
+            "{} took {secs:.1} s to stop, -T is {T}\n{ctx}",
+            p.label
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

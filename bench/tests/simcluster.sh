@@ -8,6 +8,8 @@
 #   simcluster.sh kill-node <name> <i>        node i fails: its link goes dark, its processes die
 #   simcluster.sh link-down <name> <i>        node i's link goes down; its processes live on
 #   simcluster.sh link-up <name> <i>          and comes back
+#   simcluster.sh partition <name> <i> <j>    nodes i and j stop reaching each other (both
+#                                             keep every other path: a bad route or ACL)
 #   simcluster.sh down <name>                 remove everything of <name> (idempotent)
 #   simcluster.sh addr <name> <i>             print node i's address
 #   simcluster.sh list                        clusters that exist now
@@ -33,7 +35,7 @@ set -euo pipefail
 
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 1; }
-usage() { sed -n '2,14s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,16s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 check_name() {
     [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
@@ -312,6 +314,21 @@ cmd_link() {
     ip -n "$(sw_ns "$name")" link set "p$i" "$state"
 }
 
+# Each side's neighbour entry for the other points at a MAC nobody has: their frames go
+# nowhere, silently, as behind a broken route (no drop action in tc here, and no firewall).
+cmd_partition() {
+    local name=$1 i=$2 j=$3
+    check_name "$name"
+    check_index "$i"
+    check_index "$j"
+    node_exists "$name" "$i"
+    node_exists "$name" "$j"
+    ip -n "$(node_ns "$name" "$i")" neigh replace "$(cmd_addr "$name" "$j")" \
+        lladdr 02:00:00:00:ff:fe dev eth0 nud permanent
+    ip -n "$(node_ns "$name" "$j")" neigh replace "$(cmd_addr "$name" "$i")" \
+        lladdr 02:00:00:00:ff:fe dev eth0 nud permanent
+}
+
 cmd_addr() {
     check_name "$1"
     check_index "$2"
@@ -335,6 +352,7 @@ exec) (($# >= 3)) || usage; cmd_exec "$@" ;;
 kill-node) (($# == 2)) || usage; cmd_kill_node "$1" "$2" ;;
 link-down) (($# == 2)) || usage; cmd_link "$1" "$2" down ;;
 link-up) (($# == 2)) || usage; cmd_link "$1" "$2" up ;;
+partition) (($# == 3)) || usage; cmd_partition "$1" "$2" "$3" ;;
 addr) (($# == 2)) || usage; cmd_addr "$1" "$2" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;

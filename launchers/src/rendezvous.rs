@@ -315,6 +315,14 @@ impl Rendezvous {
         }
     }
 
+    /// The job has failed and this rank is leaving: everything it still does through the store
+    /// (posting the abort, naming the culprit, checking out) must be done within `budget`, or
+    /// is given up. Without that a rank cut off from rank 0 waits out a full store timeout on
+    /// each step, and exits several `-T` after the fault instead of one.
+    pub fn hurry(&self, budget: Duration) {
+        self.store.give_up_by(Instant::now() + budget);
+    }
+
     /// Tell every rank to stop. The first message posted is kept: later ones are usually
     /// consequences of the first failure and would hide its cause.
     pub fn post_abort(&self, msg: &str) -> Result<(), StoreError> {

@@ -46,6 +46,8 @@ pub struct TcpStoreClient {
     closed: AtomicBool,
     /// Bytes read from the store (see [`TcpStoreClient::bytes_received`]).
     received: AtomicU64,
+    /// Set by [`Store::give_up_by`]: no request outlives it.
+    cutoff: Mutex<Option<Instant>>,
 }
 
 struct Conn {
@@ -103,6 +105,7 @@ impl TcpStoreClient {
                                 next_id: AtomicU64::new(0),
                                 closed: AtomicBool::new(false),
                                 received: AtomicU64::new(0),
+                                cutoff: Mutex::new(None),
                             };
                             let conn = client.register(stream)?;
                             lock(&client.idle).push(conn);
@@ -171,6 +174,21 @@ impl TcpStoreClient {
         ))
     }
 
+    /// `limit`, shortened to what is left before the cutoff; an error once it has passed.
+    fn capped(&self, limit: Duration) -> Result<Duration, StoreError> {
+        match *lock(&self.cutoff) {
+            None => Ok(limit),
+            Some(cutoff) => match cutoff.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Ok(limit.min(left)),
+                _ => Err(self.given_up()),
+            },
+        }
+    }
+
+    fn given_up(&self) -> StoreError {
+        self.gone("no answer in the time this rank allows the store once the job has failed")
+    }
+
     /// An idle connection, or a new one when all are busy. A new one is tried once, without
     /// the start-up retries: the server was up, so failing to reach it now means it is gone.
     fn checkout(&self) -> Result<Conn, StoreError> {
@@ -180,7 +198,7 @@ impl TcpStoreClient {
         if let Some(c) = lock(&self.idle).pop() {
             return Ok(c);
         }
-        match open(&self.addr, &self.key, self.op_timeout) {
+        match open(&self.addr, &self.key, self.capped(self.op_timeout)?) {
             Ok(stream) => {
                 let conn = self.register(stream)?;
                 // close() may have run between the check above and registering.
@@ -202,8 +220,10 @@ impl TcpStoreClient {
         read_timeout: Duration,
         keys: &[&str],
     ) -> Result<Vec<u8>, StoreError> {
+        let write_timeout = self.capped(self.op_timeout)?;
+        let read_timeout = self.capped(read_timeout)?;
         let mut conn = self.checkout()?;
-        match exchange(&mut conn.stream, frame, self.op_timeout, read_timeout) {
+        match exchange(&mut conn.stream, frame, write_timeout, read_timeout) {
             Ok(body) => {
                 self.received
                     .fetch_add(4 + body.len() as u64, Ordering::Relaxed);
@@ -219,6 +239,11 @@ impl TcpStoreClient {
                 // it is never reused.
                 self.forget(conn);
                 Err(match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        if lock(&self.cutoff).is_some() =>
+                    {
+                        self.given_up()
+                    }
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => StoreError::Timeout {
                         secs: read_timeout.as_secs_f64(),
                         missing: keys.iter().map(|k| k.to_string()).collect(),
@@ -543,6 +568,11 @@ fn unexpected(status: u8, d: &mut Decoder<'_>) -> StoreError {
 }
 
 impl Store for TcpStoreClient {
+    fn give_up_by(&self, deadline: Instant) {
+        let mut cutoff = lock(&self.cutoff);
+        *cutoff = Some(cutoff.map_or(deadline, |c| c.min(deadline)));
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         check_key(key)?;
         if value.len() > MAX_VALUE_LEN {

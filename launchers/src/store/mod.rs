@@ -27,7 +27,7 @@ pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// exhausting rank 0's memory.
 pub const MAX_VALUE_LEN: usize = 64 * 1024 * 1024;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A job-wide key/value store used only for control-plane agreement, never for payload data.
 ///
@@ -47,6 +47,13 @@ pub trait Store: Send + Sync {
     /// Atomically add `delta` to the counter under `key` (absent counts as 0; stored as decimal
     /// ASCII so it is readable with `get`) and return the new value.
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
+
+    /// Give up on every request, now and later, that cannot finish by `deadline`. A rank
+    /// whose job has failed still posts the abort, names the culprit and checks out through
+    /// the store, but cut off from rank 0 (a pulled cable, a dead switch port) each of those
+    /// would wait a full store timeout: several times `-T` before the rank could exit. A
+    /// store that cannot block (in process) has nothing to cut short.
+    fn give_up_by(&self, _deadline: Instant) {}
 }
 
 /// Why a store operation failed.

@@ -567,6 +567,34 @@ fn close_interrupts_a_blocked_wait() {
     assert!(start.elapsed() < Duration::from_secs(2));
 }
 
+/// A failed rank's requests end by the cutoff, however long each would have been allowed,
+/// and once it has passed they fail without waiting at all; the server is not at fault.
+#[test]
+fn give_up_by_cuts_every_request_short() {
+    let (_s, addr) = server();
+    let c = client(&addr);
+    c.set("k", b"v").unwrap();
+    c.give_up_by(Instant::now() + Duration::from_millis(300));
+    // Answered in time: the cutoff only shortens what would outlive it.
+    assert_eq!(c.get("k").unwrap().unwrap(), b"v");
+    let start = Instant::now();
+    let err = c.wait(&["never"], T).unwrap_err();
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "the wait took {took:?}");
+    assert!(
+        matches!(&err, StoreError::Disconnected(m) if m.contains("once the job has failed")),
+        "{err}"
+    );
+    let start = Instant::now();
+    assert!(matches!(c.set("k", b"w"), Err(StoreError::Disconnected(_))));
+    assert!(start.elapsed() < Duration::from_millis(100));
+    // A later cutoff does not lift the earlier one.
+    c.give_up_by(Instant::now() + T);
+    assert!(c.get("k").is_err());
+    // Another client of the same store is untouched.
+    assert_eq!(client(&addr).get("k").unwrap().unwrap(), b"v");
+}
+
 #[test]
 fn oversized_values_are_refused_client_side() {
     let (_s, addr) = server();
