@@ -14,7 +14,9 @@
 #
 # Prints per case and size the median busbw of each, the ratio busbw/openmpi of the medians and
 # the spread (min..max of the per-pair ratios), plus, measured in the same run as the physical
-# references, a single-core memcpy bandwidth and iperf3's TCP loopback goodput.  The peer
+# references, a single-core memcpy bandwidth, iperf3's TCP loopback goodput and the floor of
+# a two-process 8-byte exchange over TCP loopback (bench/peer/tcp_exchange.c: one socket for
+# both directions, and one per direction as busbw's TCP transport has them).  The peer
 # validates every size (exit 7 on a wrong element); busbw runs with -c 0.
 #
 # Both sides rotate their buffers over the same window (--rotate, default busbw's 8M; 0 keeps
@@ -78,8 +80,10 @@ OUTDIR="$ROOT/target/peer"
 mkdir -p "$OUTDIR"
 PEER="$OUTDIR/mpi_allreduce"
 MEMCPY="$OUTDIR/memcpy_bw"
+EXCHANGE="$OUTDIR/tcp_exchange"
 mpicc -O2 -o "$PEER" "$ROOT/bench/peer/mpi_allreduce.c"
 cc -O2 -o "$MEMCPY" "$ROOT/bench/peer/memcpy_bw.c"
+cc -O2 -o "$EXCHANGE" "$ROOT/bench/peer/tcp_exchange.c"
 
 if [[ -n ${BUSBW:-} ]]; then
     :
@@ -167,6 +171,10 @@ if command -v iperf3 >/dev/null 2>&1; then
     wait "$srv" 2>/dev/null || true
 fi
 echo "# iperf3 TCP loopback reference (1 stream, 3 s): $IPERF Gbit/s"
+# The floor under a small TCP AllReduce of two ranks: send 8 bytes, receive 8 bytes, nothing else.
+read -r _ _ _ _ X1 < <("${RT[@]}" "$EXCHANGE" 8 50000 100 1)
+read -r _ _ _ _ X2 < <("${RT[@]}" "$EXCHANGE" 8 50000 100 2)
+echo "# TCP loopback 8 B exchange floor (tcp_exchange, 50000 iters): $X1 us on one socket, $X2 us on one socket per direction"
 
 for np in $NPS; do
     for tr in $TRANSPORTS; do
@@ -224,5 +232,6 @@ echo
 echo "# GB/s = busbw recomputed from the out-of-place time (bytes/1e9/time x 2(n-1)/n); us = median time (max over ranks)
 # ratio = median busbw(busbw) / median busbw(openmpi), >1 means busbw is faster; spread = min..max of per-pair ratios"
 echo "# memcpy reference: best $mbest GB/s, median $mmed GB/s on one core; iperf3 TCP loopback: $IPERF Gbit/s"
+echo "# TCP 8 B exchange floor: $X1 us (one socket), $X2 us (one socket per direction)"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg); wall $(( $(date +%s) - START )) s; failed runs: $FAILS"
 ((FAILS == 0)) || exit 1
