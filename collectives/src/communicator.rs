@@ -15,8 +15,17 @@ use busbw_transports::{
 use std::time::{Duration, Instant};
 
 /// Channels a communicator keeps connections for: 0 for rings, chains and point-to-point
-/// groups, 1 and 2 for the two trees, one spare.
+/// groups, 1 and 2 for the two trees, [`SMALL_CHANNEL`] for small exchanges.
 pub const MAX_CHANNELS: u32 = 4;
+
+/// The channel of small pairwise exchanges (recursive doubling up to
+/// [`crate::rd::SMALL_BYTES`], the harness's barriers and timing reductions). Where the
+/// transport can ([`busbw_transports::Transport::duplex`]: TCP), its connection carries both
+/// directions, so a message's acknowledgement rides on the reply instead of a segment of its
+/// own: an 8-byte exchange on TCP loopback takes about a quarter less. Bulk stays on one-way
+/// connections: two directions of bulk on one socket serialise a rank's sending with what
+/// arrives for it, and fresh shaped links collapsed (BENCHMARKS.md).
+pub const SMALL_CHANNEL: u32 = 3;
 
 /// Knobs shared by every algorithm on a communicator.
 #[derive(Clone, Debug)]
@@ -265,23 +274,14 @@ impl Communicator {
     /// nothing to hand back on any exit path.
     pub(crate) fn connect_send(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
         let slot = self.slot(peer, channel)?;
-        if self.sends[slot].is_none() {
-            let rank = self.rank;
-            let handle =
-                self.peers
-                    .handle(peer)
-                    .map_err(|cause| CommError::Lookup { rank, peer, cause })?;
-            let c = self
-                .transport
-                .connect(handle, channel, self.config.timeout)
-                .map_err(|cause| CommError::Transport {
-                    rank: self.rank,
-                    peer: Some(peer),
-                    during: format!("connecting to rank {peer}"),
-                    cause,
-                })?;
-            self.sends[slot] = Some(c);
+        if self.sends[slot].is_some() {
+            return Ok(());
         }
+        if self.duplex(peer, channel)? {
+            return self.open_duplex(peer, channel);
+        }
+        let c = self.dial(peer, channel, |t, h, ch, timeout| t.connect(h, ch, timeout))?;
+        self.sends[slot] = Some(c);
         Ok(())
     }
 
@@ -292,6 +292,93 @@ impl Communicator {
         if self.recvs[slot].is_some() {
             return Ok(());
         }
+        if self.duplex(peer, channel)? {
+            return self.open_duplex(peer, channel);
+        }
+        self.accept_until(peer, channel)
+    }
+
+    /// The channel for small exchanges with `peer`: [`SMALL_CHANNEL`] where the transport
+    /// carries both directions on one connection to it, else 0 (the ring's, which a separate
+    /// channel would only duplicate). Both ranks of a pair get the same answer.
+    pub(crate) fn small_channel(&mut self, peer: usize) -> Result<u32, CommError> {
+        Ok(if self.duplex(peer, SMALL_CHANNEL)? {
+            SMALL_CHANNEL
+        } else {
+            0
+        })
+    }
+
+    /// Whether `channel` to `peer` is one connection for both directions: the
+    /// [`SMALL_CHANNEL`], where the transport can ([`Transport::duplex`]).
+    fn duplex(&mut self, peer: usize, channel: u32) -> Result<bool, CommError> {
+        if channel != SMALL_CHANNEL || peer == self.rank {
+            return Ok(false);
+        }
+        let rank = self.rank;
+        let handle =
+            self.peers
+                .handle(peer)
+                .map_err(|cause| CommError::Lookup { rank, peer, cause })?;
+        Ok(self.transport.duplex(handle))
+    }
+
+    /// Opens the two-way connection with `peer` on `channel`, both comms at once: the lower
+    /// rank of the pair connects, the higher one accepts. Whichever direction a rank needs
+    /// first, its peer needs the matching one in the same call, so the higher rank's wait is
+    /// answered; and as only higher ranks wait, on lower ones, the waits cannot form a cycle.
+    fn open_duplex(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
+        let slot = self.slot(peer, channel)?;
+        if self.rank < peer {
+            let (s, r) = self.dial(peer, channel, |t, h, ch, timeout| {
+                t.connect_duplex(h, ch, timeout)
+            })?;
+            self.sends[slot] = Some(s);
+            self.recvs[slot] = Some(r);
+            return Ok(());
+        }
+        self.accept_until(peer, channel)?;
+        if self.sends[slot].is_none() {
+            return Err(CommError::Invalid(format!(
+                "rank {}: rank {peer} opened a one-way connection on channel {channel} where \
+                 one for both directions was expected (ranks built or configured differently?)",
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// `open` on the transport towards `peer`'s handle, with errors that name both ranks.
+    fn dial<C>(
+        &mut self,
+        peer: usize,
+        channel: u32,
+        open: impl FnOnce(
+            &dyn Transport,
+            &busbw_transports::Handle,
+            u32,
+            Duration,
+        ) -> Result<C, TransportError>,
+    ) -> Result<C, CommError> {
+        let rank = self.rank;
+        let handle =
+            self.peers
+                .handle(peer)
+                .map_err(|cause| CommError::Lookup { rank, peer, cause })?;
+        open(&*self.transport, handle, channel, self.config.timeout).map_err(|cause| {
+            CommError::Transport {
+                rank,
+                peer: Some(peer),
+                during: format!("connecting to rank {peer}"),
+                cause,
+            }
+        })
+    }
+
+    /// Accepts connections, filing each under its peer and channel (with the sending half of
+    /// a two-way one), until the one from `peer` on `channel` is in.
+    fn accept_until(&mut self, peer: usize, channel: u32) -> Result<(), CommError> {
+        let slot = self.slot(peer, channel)?;
         let deadline = Instant::now() + self.config.timeout;
         loop {
             if self.recvs[slot].is_some() {
@@ -311,10 +398,19 @@ impl Communicator {
             }
             // Short slices so that an abort is noticed while waiting.
             match self.listener.accept(left.min(Duration::from_millis(200))) {
-                Ok(c) => {
+                Ok(mut c) => {
                     let (from, ch) = (c.peer() as usize, c.channel());
+                    let reverse = c.take_reverse();
                     match self.slot(from, ch) {
-                        Ok(s) if self.recvs[s].is_none() => self.recvs[s] = Some(c),
+                        Ok(s)
+                            if self.recvs[s].is_none()
+                                && (reverse.is_none() || self.sends[s].is_none()) =>
+                        {
+                            self.recvs[s] = Some(c);
+                            if reverse.is_some() {
+                                self.sends[s] = reverse;
+                            }
+                        }
                         _ => {
                             return Err(CommError::Invalid(format!(
                                 "rank {}: unexpected connection claiming to be rank {from} channel {ch}",

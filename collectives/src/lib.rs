@@ -33,7 +33,7 @@ mod workspace;
 pub use algo::{all_reduce_with, calibrate, Algo, CostModel};
 pub use buffer::HostBuffer;
 pub use chain::{broadcast, reduce};
-pub use communicator::{CommConfig, Communicator};
+pub use communicator::{CommConfig, Communicator, SMALL_CHANNEL};
 pub use data::Data;
 pub use direct::direct_all_reduce;
 pub use dtype::{DataType, ParseNameError, ReduceOp};

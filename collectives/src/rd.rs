@@ -28,9 +28,16 @@ use crate::with_dtype;
 use crate::workspace::premultiplied;
 use smallvec::SmallVec;
 
-/// Channel of recursive doubling: the ring's. Calls never overlap, so sharing it is safe, and
-/// on two ranks the partner is the ring neighbour whose connections already exist.
+/// Channel of recursive doubling above [`SMALL_BYTES`]: the ring's. Calls never overlap, so
+/// sharing it is safe, and on two ranks the partner is the ring neighbour whose connections
+/// already exist.
 const CHANNEL: u32 = 0;
+
+/// Up to this many bytes recursive doubling exchanges on [`crate::SMALL_CHANNEL`] with partners the
+/// transport reaches over one connection for both directions
+/// ([`Communicator::small_channel`]); other partners stay on [`CHANNEL`], which costs no
+/// connection beyond the ring's.
+pub const SMALL_BYTES: usize = 16 << 10;
 
 /// AllReduce `count` elements of `dtype` with `op` by recursive doubling; same contract as
 /// [`crate::all_reduce`].
@@ -93,11 +100,11 @@ struct RdPlan<T> {
 }
 
 impl<T> RdPlan<T> {
-    fn add(&mut self, peer: usize, dir: Dir, combine: Option<bool>) {
+    fn add(&mut self, peer: usize, channel: u32, dir: Dir, combine: Option<bool>) {
         let step = self.steps.len().saturating_sub(1);
         self.links.push(Link {
             peer,
-            channel: CHANNEL,
+            channel,
             dir,
             messages: 1,
             // One slot for every step: a step's receive waits for the step before.
@@ -203,6 +210,14 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
         Some(r - rem)
     };
     let real = |v: usize| if v < rem { 2 * v + 1 } else { v + rem };
+    let small = count * std::mem::size_of::<T>() <= SMALL_BYTES;
+    let channel = |comm: &mut Communicator, peer: usize| -> Result<u32, CommError> {
+        if small {
+            comm.small_channel(peer)
+        } else {
+            Ok(CHANNEL)
+        }
+    };
     let mut plan = RdPlan {
         n,
         dst,
@@ -216,28 +231,30 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
     match vrank {
         None => {
             // Folded: hand our input to r+1, get the result back at the end.
+            let ch = channel(comm, r + 1)?;
             plan.step();
-            plan.add(r + 1, Dir::Send, None);
+            plan.add(r + 1, ch, Dir::Send, None);
             plan.step();
-            plan.add(r + 1, Dir::Recv, None);
+            plan.add(r + 1, ch, Dir::Recv, None);
         }
         Some(v) => {
             if r < 2 * rem {
                 // Absorb the even rank before us: its data is the lower side.
                 plan.step();
-                plan.add(r - 1, Dir::Recv, Some(true));
+                plan.add(r - 1, channel(comm, r - 1)?, Dir::Recv, Some(true));
             }
             let mut mask = 1;
             while mask < p {
-                let partner = v ^ mask;
+                let partner = real(v ^ mask);
+                let ch = channel(comm, partner)?;
                 plan.step();
-                plan.add(real(partner), Dir::Send, None);
-                plan.add(real(partner), Dir::Recv, Some(v > partner));
+                plan.add(partner, ch, Dir::Send, None);
+                plan.add(partner, ch, Dir::Recv, Some(v > v ^ mask));
                 mask <<= 1;
             }
             if r < 2 * rem {
                 plan.step();
-                plan.add(r - 1, Dir::Send, None);
+                plan.add(r - 1, channel(comm, r - 1)?, Dir::Send, None);
             }
         }
     }

@@ -172,3 +172,135 @@ fn missing_partner_times_out_naming_it() {
         assert!(e.contains("rank 3"), "rank {r}: {e}");
     }
 }
+
+/// What a transport was asked to open, per channel: `true` for a two-way connection.
+type Opened = std::sync::Arc<std::sync::Mutex<Vec<(u32, u32, bool)>>>;
+
+/// TCP, recording each connection this rank opens as (rank, channel, two-way).
+struct Recording {
+    tcp: busbw_transports::tcp::TcpTransport,
+    opened: Opened,
+}
+
+impl busbw_transports::Transport for Recording {
+    fn properties(&self) -> busbw_transports::Properties {
+        self.tcp.properties()
+    }
+    fn listen(
+        &self,
+    ) -> busbw_transports::Result<(
+        busbw_transports::Handle,
+        Box<dyn busbw_transports::Listener>,
+    )> {
+        self.tcp.listen()
+    }
+    fn identity(&self) -> busbw_transports::Identity {
+        self.tcp.identity()
+    }
+    fn connect(
+        &self,
+        h: &busbw_transports::Handle,
+        channel: u32,
+        t: Duration,
+    ) -> busbw_transports::Result<Box<dyn busbw_transports::SendComm>> {
+        let rank = self.tcp.identity().rank;
+        self.opened.lock().unwrap().push((rank, channel, false));
+        self.tcp.connect(h, channel, t)
+    }
+    fn duplex(&self, h: &busbw_transports::Handle) -> bool {
+        self.tcp.duplex(h)
+    }
+    #[allow(clippy::type_complexity)]
+    fn connect_duplex(
+        &self,
+        h: &busbw_transports::Handle,
+        channel: u32,
+        t: Duration,
+    ) -> busbw_transports::Result<(
+        Box<dyn busbw_transports::SendComm>,
+        Box<dyn busbw_transports::RecvComm>,
+    )> {
+        let rank = self.tcp.identity().rank;
+        self.opened.lock().unwrap().push((rank, channel, true));
+        self.tcp.connect_duplex(h, channel, t)
+    }
+}
+
+/// Small calls exchange over one connection per pair (the lower rank opens it, the higher
+/// one only accepts), on their own channel; larger ones keep the ring's one-way connections.
+/// Folded rank counts included, and the results right either way.
+#[test]
+fn small_calls_share_one_tcp_connection_per_pair() {
+    use busbw_collectives::{Communicator, SMALL_CHANNEL};
+    use busbw_transports::tcp::{TcpConfig, TcpTransport};
+    use busbw_transports::{Identity, Transport};
+    for n in [2usize, 3, 4] {
+        let opened: Opened = Default::default();
+        let job = std::process::id() as u64 ^ 0xd0b1e;
+        let parts: Vec<_> = (0..n)
+            .map(|r| {
+                let t = Recording {
+                    tcp: TcpTransport::new(Identity::new(job, r as u32), TcpConfig::default()),
+                    opened: opened.clone(),
+                };
+                let (h, l) = t.listen().unwrap();
+                (t, l, h)
+            })
+            .collect();
+        let handles: Vec<_> = parts.iter().map(|p| p.2.clone()).collect();
+        let comms: Vec<Communicator> = parts
+            .into_iter()
+            .map(|(t, l, _)| Communicator::new(Box::new(t), l, handles.clone(), config()).unwrap())
+            .collect();
+        // 4 KiB, then 64 KiB (above the small channel's limit), on the same communicators.
+        let results = run_threads(comms, |comm| {
+            let mut out = Vec::new();
+            for count in [1024usize, 16384] {
+                let mut buf: Vec<f32> = vec![comm.rank() as f32 + 1.0; count];
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, count * 4)
+                };
+                rd_all_reduce(
+                    comm,
+                    Data::in_place(bytes),
+                    count,
+                    DataType::Float32,
+                    ReduceOp::Sum,
+                )
+                .unwrap();
+                out.push(buf);
+            }
+            out
+        });
+        let want = (n * (n + 1) / 2) as f32;
+        for (r, bufs) in results.iter().enumerate() {
+            for b in bufs {
+                assert!(b.iter().all(|&x| x == want), "n={n}: rank {r} got {}", b[0]);
+            }
+        }
+        let opened = opened.lock().unwrap().clone();
+        let small: Vec<_> = opened.iter().filter(|o| o.1 == SMALL_CHANNEL).collect();
+        assert!(
+            !small.is_empty(),
+            "n={n}: no small-channel connection: {opened:?}"
+        );
+        assert!(
+            small.iter().all(|o| o.2),
+            "n={n}: one-way on the small channel: {opened:?}"
+        );
+        assert!(
+            opened.iter().all(|o| o.1 == SMALL_CHANNEL || !o.2),
+            "n={n}: two-way beyond the small channel: {opened:?}"
+        );
+        // One connection per pair: every rank opened at most as many as it has higher
+        // partners, and rank n-1 (nobody above it) none at all.
+        assert!(
+            small.iter().all(|o| o.0 != n as u32 - 1),
+            "n={n}: the highest rank opened a two-way connection: {opened:?}"
+        );
+        assert!(
+            opened.iter().any(|o| o.1 == 0 && !o.2),
+            "n={n}: 64 KiB ran on one-way connections: {opened:?}"
+        );
+    }
+}

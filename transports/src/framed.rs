@@ -36,6 +36,11 @@ pub(crate) trait Inbound: Send {
 
     /// As [`RecvComm::woke`].
     fn woke(&mut self) {}
+
+    /// As [`RecvComm::take_reverse`].
+    fn take_reverse(&mut self) -> Option<Box<dyn crate::SendComm>> {
+        None
+    }
 }
 
 /// A [`RecvComm`] over an [`Inbound`].
@@ -92,5 +97,9 @@ impl<I: Inbound> RecvComm for FramedRecv<I> {
 
     fn woke(&mut self) {
         self.inbound.woke()
+    }
+
+    fn take_reverse(&mut self) -> Option<Box<dyn crate::SendComm>> {
+        self.inbound.take_reverse()
     }
 }

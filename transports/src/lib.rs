@@ -268,6 +268,32 @@ pub trait Transport: Send + Sync {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>>;
 
+    /// Whether a connection to the peer behind `handle` carries both directions. One TCP
+    /// connection per direction answers every message with an acknowledgement segment of its
+    /// own; on one connection per pair the acknowledgement rides on the other direction's data,
+    /// which takes about a quarter off a small exchange on loopback. Both ends of a pair must
+    /// answer alike (they do: the answer depends on the route and the job's flags).
+    fn duplex(&self, _handle: &Handle) -> bool {
+        false
+    }
+
+    /// Open a connection that carries both directions to the listener behind `handle`: its
+    /// sending half and its receiving half. The lower-numbered rank of a pair opens it (where
+    /// [`Transport::duplex`] says so); the peer's listener hands out the receiving half, whose
+    /// [`RecvComm::take_reverse`] is the peer's sending half. Like `connect`, it does not wait
+    /// for the peer to accept.
+    fn connect_duplex(
+        &self,
+        _handle: &Handle,
+        _channel: u32,
+        _timeout: Duration,
+    ) -> Result<(Box<dyn SendComm>, Box<dyn RecvComm>)> {
+        Err(TransportError::Unsupported(format!(
+            "{} connections carry one direction",
+            self.properties().name
+        )))
+    }
+
     /// Register memory for use in `isend`/`irecv`. Transports that move bytes with the CPU
     /// (sockets, shared-memory copies) cannot dereference device pointers, so by default
     /// device memory is refused with [`TransportError::DeviceMemory`]: the caller stages it
@@ -379,4 +405,10 @@ pub trait RecvComm: Send {
 
     /// As [`SendComm::woke`].
     fn woke(&mut self) {}
+
+    /// The accepting side's sending half of a connection opened by
+    /// [`Transport::connect_duplex`]; `None` for one-way connections, and once taken.
+    fn take_reverse(&mut self) -> Option<Box<dyn SendComm>> {
+        None
+    }
 }

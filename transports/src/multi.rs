@@ -277,6 +277,31 @@ impl Transport for MultiTransport {
         self.members[i].transport.connect(sub, channel, timeout)
     }
 
+    fn duplex(&self, handle: &Handle) -> bool {
+        let Ok((node, subs)) = decode(handle) else {
+            return false;
+        };
+        let Ok(i) = self.router.pick(&node, &subs) else {
+            return false;
+        };
+        self.sub(&subs, i)
+            .is_ok_and(|sub| self.members[i].transport.duplex(sub))
+    }
+
+    fn connect_duplex(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+    ) -> Result<(Box<dyn SendComm>, Box<dyn RecvComm>)> {
+        let (node, subs) = decode(handle)?;
+        let i = self.router.pick(&node, &subs)?;
+        let sub = self.sub(&subs, i)?;
+        self.members[i]
+            .transport
+            .connect_duplex(sub, channel, timeout)
+    }
+
     fn register(&self, region: crate::MemRegion) -> Result<Registration> {
         // Every member registers; at most one (verbs) uses keys, TCP and shared memory return
         // 0, so the key that is not 0 is the one the connections that need one will read.

@@ -92,6 +92,64 @@ fn tcp_round_trip() {
     round_trip(tcp);
 }
 
+/// One connection for both directions: the connector gets both halves, the acceptor finds
+/// its sending half in the receiving one (once), and the two directions are independent
+/// streams: long messages both ways at once, each side's tags and bytes its own.
+#[test]
+fn tcp_duplex_carries_both_directions() {
+    let a = tcp(0, 43);
+    let b = tcp(1, 43);
+    let (handle, mut listener) = b.listen().unwrap();
+    assert!(
+        a.duplex(&handle),
+        "tcp without lanes offers two-way connections"
+    );
+    let (mut a_send, mut a_recv) = a.connect_duplex(&handle, 2, T).unwrap();
+    let mut b_recv = listener.accept(T).unwrap();
+    assert_eq!((b_recv.peer(), b_recv.channel()), (0, 2));
+    let mut b_send = b_recv.take_reverse().expect("the acceptor's sending half");
+    assert!(b_recv.take_reverse().is_none(), "taken once");
+    assert_eq!((a_recv.peer(), a_recv.channel(), b_send.peer()), (1, 2, 0));
+
+    let n = 8 << 20;
+    let ab: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+    let ba: Vec<u8> = (0..n).map(|i| (i * 13 + 1) as u8).collect();
+    let (mut at_b, mut at_a) = (vec![0u8; n], vec![0u8; n]);
+    let reg = |t: &dyn Transport, p: *const u8| {
+        t.register(unsafe { MemRegion::new(p as *mut u8, n, MemoryKind::Host) })
+            .unwrap()
+    };
+    let (ra_out, ra_in) = (reg(&*a, ab.as_ptr()), reg(&*a, at_a.as_ptr()));
+    let (rb_out, rb_in) = (reg(&*b, ba.as_ptr()), reg(&*b, at_b.as_ptr()));
+    for (tag_ab, tag_ba, len) in [(5u32, 6u32, n), (7, 8, 8), (9, 10, 0), (11, 12, 4096)] {
+        // Both directions in flight at once, progressed by one thread: non-blocking halves
+        // on one socket must not wait for each other.
+        let r1 = unsafe { b_recv.irecv(&rb_in, at_b.as_mut_ptr(), n, tag_ab) }.unwrap();
+        let r2 = unsafe { a_recv.irecv(&ra_in, at_a.as_mut_ptr(), n, tag_ba) }.unwrap();
+        let s1 = unsafe { a_send.isend(&ra_out, ab.as_ptr(), len, tag_ab) }.unwrap();
+        let s2 = unsafe { b_send.isend(&rb_out, ba.as_ptr(), len, tag_ba) }.unwrap();
+        let deadline = Instant::now() + T;
+        let mut done = [None; 4];
+        while done.iter().any(Option::is_none) {
+            assert!(Instant::now() < deadline, "timed out");
+            done[0] = done[0].or(a_send.test(s1).unwrap());
+            done[1] = done[1].or(b_send.test(s2).unwrap());
+            done[2] = done[2].or(b_recv.test(r1).unwrap());
+            done[3] = done[3].or(a_recv.test(r2).unwrap());
+        }
+        assert_eq!(done, [Some(len); 4]);
+        assert!(at_b[..len] == ab[..len] && at_a[..len] == ba[..len]);
+    }
+
+    // A one-way connection has no sending half to give; with helper lanes there are no
+    // two-way connections at all.
+    let _one_way = a.connect(&handle, 3, T).unwrap();
+    assert!(listener.accept(T).unwrap().take_reverse().is_none());
+    let lanes = tcp_lanes(2, 43);
+    assert!(!lanes.duplex(&handle));
+    assert!(lanes.connect_duplex(&handle, 0, T).is_err());
+}
+
 #[test]
 fn tcp_lanes_round_trip() {
     round_trip(tcp_lanes);
@@ -259,12 +317,12 @@ fn every_transport_refuses_connectors_without_the_token() {
     println!("inproc: not checked (its ranks share one process, nothing to authenticate)");
 }
 
-/// A TCP hello (protocol 2, 48 bytes: no extra sockets) as a stranger would forge it: right
-/// magic, version and job id.
-fn forged_hello(rank: u32, job: u64) -> [u8; 48] {
-    let mut h = [0u8; 48];
+/// A TCP hello (protocol 3, 52 bytes: no extra sockets, one direction) as a stranger would
+/// forge it: right magic, version and job id.
+fn forged_hello(rank: u32, job: u64) -> [u8; 52] {
+    let mut h = [0u8; 52];
     h[0..8].copy_from_slice(&0x6275_7362_775f_7463u64.to_le_bytes());
-    h[8..12].copy_from_slice(&2u32.to_le_bytes());
+    h[8..12].copy_from_slice(&3u32.to_le_bytes());
     h[12..16].copy_from_slice(&rank.to_le_bytes());
     h[16..24].copy_from_slice(&job.to_le_bytes());
     h

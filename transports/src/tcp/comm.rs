@@ -175,9 +175,32 @@ pub(super) struct TcpInbound {
     pub(super) lanes: Option<Lanes>,
     /// The lanes' number for the incoming message when they carry its payload.
     pub(super) split: Option<u64>,
+    /// The sending half over the same socket, for the acceptor of a two-way connection
+    /// (until the communicator takes it).
+    pub(super) reverse: Option<TcpSendComm>,
 }
 
 impl TcpInbound {
+    pub(super) fn new(
+        stream: TcpStream,
+        peer: u32,
+        lanes: Option<Lanes>,
+        reverse: Option<TcpSendComm>,
+    ) -> Self {
+        TcpInbound {
+            stream,
+            peer,
+            lanes,
+            split: None,
+            rx: vec![0; RX_BYTES].into_boxed_slice(),
+            rx_pos: 0,
+            rx_end: 0,
+            incoming: None,
+            got: 0,
+            reverse,
+        }
+    }
+
     pub(super) fn read_some(&mut self, buf: *mut u8, len: usize) -> Result<Option<usize>> {
         loop {
             // SAFETY: buf..buf+len is writable memory (our header or the caller's buffer).
@@ -303,6 +326,12 @@ impl Inbound for TcpInbound {
 
     fn readiness_fd(&self) -> Option<i32> {
         Some(self.stream.as_raw_fd())
+    }
+
+    fn take_reverse(&mut self) -> Option<Box<dyn crate::SendComm>> {
+        self.reverse
+            .take()
+            .map(|s| Box::new(s) as Box<dyn crate::SendComm>)
     }
 
     fn sleep_on(&mut self, _: &Posted) -> crate::Sleep {

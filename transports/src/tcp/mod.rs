@@ -1,7 +1,9 @@
 //! TCP transport.
 //!
 //! One TCP connection per direction per peer pair, as NCCL's socket transport does with its
-//! control socket, plus optionally several data sockets served by helper threads for long
+//! control socket, or one for both directions where the communicator asks for it
+//! ([`Transport::connect_duplex`]: acknowledgements then ride on the other direction's data),
+//! plus optionally several data sockets served by helper threads for long
 //! messages ([`lanes`], NCCL's `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD`). Every socket
 //! opens with a hello frame (magic, protocol version, job id, sender rank, channel, socket
 //! index) and a proof of the job token against the listener's challenge (`auth`), so that
@@ -17,7 +19,7 @@
 mod comm;
 mod lanes;
 
-use comm::{TcpInbound, TcpSendComm, RX_BYTES};
+use comm::{TcpInbound, TcpSendComm};
 
 use crate::auth;
 use crate::conn::{self, Deadline, Dialect, HelloHead, TextHandle, HEAD_LEN, PREFIX_LEN};
@@ -38,10 +40,13 @@ use std::time::{Duration, Instant};
 const DIALECT: Dialect = Dialect {
     magic: 0x6275_7362_775f_7463, // "busbw_tc"
     // 2: the hello grew lane fields (index, count, helper threads, connection id).
-    version: 2,
+    // 3: and flags (two-way connections).
+    version: 3,
     name: "busbw",
 };
-const HELLO_LEN: usize = 48;
+const HELLO_LEN: usize = 52;
+/// Hello flag: the connection carries both directions.
+const FLAG_DUPLEX: u32 = 1;
 const MSG_MAGIC: u32 = 0xb05b_b0f1;
 const HANDLE_PREFIX: &str = "busbw-tcp/1";
 
@@ -200,12 +205,72 @@ impl Transport for TcpTransport {
         channel: u32,
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
+        let (peer, stream, lanes) = self.open(handle, channel, timeout, 0)?;
+        Ok(Box::new(TcpSendComm {
+            slots: Slots::new(self.config.max_requests, peer),
+            stream,
+            peer,
+            lanes,
+        }))
+    }
+
+    /// Without helper lanes: they move one direction's long messages, and a second direction
+    /// would need its own.
+    fn duplex(&self, handle: &Handle) -> bool {
+        self.config.lanes() == 0 && parse_handle(handle).is_ok()
+    }
+
+    fn connect_duplex(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+    ) -> Result<(Box<dyn SendComm>, Box<dyn RecvComm>)> {
+        if self.config.lanes() > 0 {
+            return Err(TransportError::Unsupported(
+                "two-way connections carry no helper lanes".into(),
+            ));
+        }
+        let (peer, stream, _) = self.open(handle, channel, timeout, FLAG_DUPLEX)?;
+        let reading = stream
+            .try_clone()
+            .map_err(|error| TransportError::PeerIo { peer, error })?;
+        let send = TcpSendComm {
+            slots: Slots::new(self.config.max_requests, peer),
+            stream,
+            peer,
+            lanes: None,
+        };
+        let recv = FramedRecv::new(
+            TcpInbound::new(reading, peer, None, None),
+            peer,
+            channel,
+            self.config.max_requests,
+        );
+        Ok((Box::new(send), Box::new(recv)))
+    }
+}
+
+impl TcpTransport {
+    /// Connects to `handle` on `channel`: the control socket (non-blocking) and, when
+    /// configured and not two-way, the lanes.
+    fn open(
+        &self,
+        handle: &Handle,
+        channel: u32,
+        timeout: Duration,
+        flags: u32,
+    ) -> Result<(u32, TcpStream, Option<Lanes>)> {
         let (peer, addr) = parse_handle(handle)?;
         let deadline = Deadline::after(timeout);
         self.config
             .validate()
             .map_err(TransportError::Unsupported)?;
-        let lanes = self.config.lanes();
+        let lanes = if flags & FLAG_DUPLEX != 0 {
+            0
+        } else {
+            self.config.lanes()
+        };
         let hello = Hello {
             head: HelloHead {
                 rank: self.identity.rank,
@@ -216,6 +281,7 @@ impl Transport for TcpTransport {
             lanes: lanes as u32,
             threads: self.config.threads as u32,
             conn: if lanes > 0 { connection_id() } else { 0 },
+            flags,
         };
         let open = |index: u32| -> Result<TcpStream> {
             let stream = conn::connect_tcp(addr, peer, &deadline, || {
@@ -252,12 +318,7 @@ impl Transport for TcpTransport {
         } else {
             None
         };
-        Ok(Box::new(TcpSendComm {
-            slots: Slots::new(self.config.max_requests, peer),
-            stream,
-            peer,
-            lanes,
-        }))
+        Ok((peer, stream, lanes))
     }
 }
 
@@ -272,6 +333,8 @@ struct Hello {
     /// Ties a connection's sockets together at the acceptor (random per connect; 0 without
     /// lanes).
     conn: u64,
+    /// [`FLAG_DUPLEX`].
+    flags: u32,
 }
 
 impl Hello {
@@ -282,6 +345,7 @@ impl Hello {
         b[32..36].copy_from_slice(&self.lanes.to_le_bytes());
         b[36..40].copy_from_slice(&self.threads.to_le_bytes());
         b[40..48].copy_from_slice(&self.conn.to_le_bytes());
+        b[48..52].copy_from_slice(&self.flags.to_le_bytes());
         b
     }
 
@@ -293,12 +357,19 @@ impl Hello {
             lanes: conn::u32_at(b, 32),
             threads: conn::u32_at(b, 36),
             conn: conn::u64_at(b, 40),
+            flags: conn::u32_at(b, 48),
         };
         if h.lanes as usize > MAX_LANES || h.index > h.lanes || h.threads as usize > MAX_THREADS {
             return Err(format!(
                 "rank {} asked for socket {} of {} with {} threads (at most {MAX_LANES} sockets, \
                  {MAX_THREADS} threads)",
                 h.head.rank, h.index, h.lanes, h.threads
+            ));
+        }
+        if h.flags & !FLAG_DUPLEX != 0 || (h.flags & FLAG_DUPLEX != 0 && h.lanes != 0) {
+            return Err(format!(
+                "rank {} sent unknown hello flags {:#x} (or a two-way connection with lanes)",
+                h.head.rank, h.flags
             ));
         }
         Ok(h)
@@ -398,17 +469,17 @@ impl Listener for TcpListenerComm {
                     peer,
                 )?)
             };
-            let inbound = TcpInbound {
-                stream,
-                peer,
-                lanes,
-                split: None,
-                rx: vec![0; RX_BYTES].into_boxed_slice(),
-                rx_pos: 0,
-                rx_end: 0,
-                incoming: None,
-                got: 0,
+            let reverse = if hello.flags & FLAG_DUPLEX != 0 {
+                Some(TcpSendComm {
+                    slots: Slots::new(self.config.max_requests, peer),
+                    stream: stream.try_clone().map_err(io_err)?,
+                    peer,
+                    lanes: None,
+                })
+            } else {
+                None
             };
+            let inbound = TcpInbound::new(stream, peer, lanes, reverse);
             return Ok(Box::new(FramedRecv::new(
                 inbound,
                 peer,
