@@ -99,6 +99,9 @@ pub struct Communicator {
     /// latency-bound collective looks them up on every call.
     sends: Vec<Option<Box<dyn SendComm>>>,
     recvs: Vec<Option<Box<dyn RecvComm>>>,
+    /// Per peer, whether the transport reaches it over two-way connections, once asked (the
+    /// answer parses the peer's handle, which a small call must not do every time).
+    duplex_to: Vec<Option<bool>>,
     /// Node (host) index of every rank, for algorithms that treat intra- and inter-node links
     /// differently (the tree chains the ranks of a node).
     nodes: Vec<usize>,
@@ -168,6 +171,7 @@ impl Communicator {
             peers: Box::new(peers),
             sends: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
             recvs: (0..size * MAX_CHANNELS as usize).map(|_| None).collect(),
+            duplex_to: vec![None; size],
             nodes: vec![0; size],
             node_map: NodeMap::uniform(size, size),
             seq: 0,
@@ -315,12 +319,19 @@ impl Communicator {
         if channel != SMALL_CHANNEL || peer == self.rank {
             return Ok(false);
         }
+        if let Some(&Some(known)) = self.duplex_to.get(peer) {
+            return Ok(known);
+        }
         let rank = self.rank;
         let handle =
             self.peers
                 .handle(peer)
                 .map_err(|cause| CommError::Lookup { rank, peer, cause })?;
-        Ok(self.transport.duplex(handle))
+        let two_way = self.transport.duplex(handle);
+        if let Some(d) = self.duplex_to.get_mut(peer) {
+            *d = Some(two_way);
+        }
+        Ok(two_way)
     }
 
     /// Opens the two-way connection with `peer` on `channel`, both comms at once: the lower
