@@ -662,14 +662,8 @@ fn bench(
     // cold: a size alone then timed its first pass over the window (page walks, cold lines),
     // while inside a sweep the warmup at the largest size had touched it; 256 KiB on 2 local
     // ranks measured 41-50 us alone against 26-31 inside `-e 16M` at `-n 40`, and the same
-    // 26-30 either way at `-n 2000` (BENCHMARKS.md, point 0). `--rotate max` is nccl-tests'
-    // own rule, and keeps its single untimed op.
-    let warm = if plan.rotation == crate::sizes::Rotation::Max {
-        1
-    } else {
-        total_ops.min(shifts).max(1)
-    };
-    for k in 0..warm {
+    // 26-30 either way at `-n 2000` (BENCHMARKS.md, point 0).
+    for k in 0..total_ops.min(shifts).max(1) {
         mem.op(comm, spec, ctx, span * k, false)?;
     }
     barrier(comm)?;
