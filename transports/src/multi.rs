@@ -180,6 +180,13 @@ impl MultiTransport {
     }
 
     /// The peer's handle for member `i`.
+    /// The member that reaches the peer behind `handle`, and that member's handle of it.
+    fn member_for(&self, handle: &Handle) -> Result<(&dyn Transport, Handle)> {
+        let (node, subs) = decode(handle)?;
+        let i = self.router.pick(&node, &subs)?;
+        Ok((&*self.members[i].transport, self.sub(&subs, i)?.clone()))
+    }
+
     fn sub<'a>(&self, subs: &'a [(String, Handle)], i: usize) -> Result<&'a Handle> {
         let name = self.router.members[i].0;
         subs.iter()
@@ -271,21 +278,13 @@ impl Transport for MultiTransport {
         channel: u32,
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
-        let (node, subs) = decode(handle)?;
-        let i = self.router.pick(&node, &subs)?;
-        let sub = self.sub(&subs, i)?;
-        self.members[i].transport.connect(sub, channel, timeout)
+        let (member, sub) = self.member_for(handle)?;
+        member.connect(&sub, channel, timeout)
     }
 
     fn duplex(&self, handle: &Handle) -> bool {
-        let Ok((node, subs)) = decode(handle) else {
-            return false;
-        };
-        let Ok(i) = self.router.pick(&node, &subs) else {
-            return false;
-        };
-        self.sub(&subs, i)
-            .is_ok_and(|sub| self.members[i].transport.duplex(sub))
+        self.member_for(handle)
+            .is_ok_and(|(member, sub)| member.duplex(&sub))
     }
 
     fn connect_duplex(
@@ -294,12 +293,8 @@ impl Transport for MultiTransport {
         channel: u32,
         timeout: Duration,
     ) -> Result<(Box<dyn SendComm>, Box<dyn RecvComm>)> {
-        let (node, subs) = decode(handle)?;
-        let i = self.router.pick(&node, &subs)?;
-        let sub = self.sub(&subs, i)?;
-        self.members[i]
-            .transport
-            .connect_duplex(sub, channel, timeout)
+        let (member, sub) = self.member_for(handle)?;
+        member.connect_duplex(&sub, channel, timeout)
     }
 
     fn register(&self, region: crate::MemRegion) -> Result<Registration> {

@@ -39,6 +39,20 @@ pub(super) struct TcpSendComm {
 }
 
 impl TcpSendComm {
+    pub(super) fn new(
+        stream: TcpStream,
+        peer: u32,
+        lanes: Option<Lanes>,
+        max_requests: usize,
+    ) -> Self {
+        TcpSendComm {
+            slots: Slots::new(max_requests, peer),
+            stream,
+            peer,
+            lanes,
+        }
+    }
+
     pub(super) fn progress(&mut self) -> Result<()> {
         let fd = self.stream.as_raw_fd();
         while let Some(req) = self.slots.front() {

@@ -206,12 +206,12 @@ impl Transport for TcpTransport {
         timeout: Duration,
     ) -> Result<Box<dyn SendComm>> {
         let (peer, stream, lanes) = self.open(handle, channel, timeout, 0)?;
-        Ok(Box::new(TcpSendComm {
-            slots: Slots::new(self.config.max_requests, peer),
+        Ok(Box::new(TcpSendComm::new(
             stream,
             peer,
             lanes,
-        }))
+            self.config.max_requests,
+        )))
     }
 
     /// Without helper lanes: they move one direction's long messages, and a second direction
@@ -235,12 +235,7 @@ impl Transport for TcpTransport {
         let reading = stream
             .try_clone()
             .map_err(|error| TransportError::PeerIo { peer, error })?;
-        let send = TcpSendComm {
-            slots: Slots::new(self.config.max_requests, peer),
-            stream,
-            peer,
-            lanes: None,
-        };
+        let send = TcpSendComm::new(stream, peer, None, self.config.max_requests);
         let recv = FramedRecv::new(
             TcpInbound::new(reading, peer, None, None),
             peer,
@@ -470,12 +465,12 @@ impl Listener for TcpListenerComm {
                 )?)
             };
             let reverse = if hello.flags & FLAG_DUPLEX != 0 {
-                Some(TcpSendComm {
-                    slots: Slots::new(self.config.max_requests, peer),
-                    stream: stream.try_clone().map_err(io_err)?,
+                Some(TcpSendComm::new(
+                    stream.try_clone().map_err(io_err)?,
                     peer,
-                    lanes: None,
-                })
+                    None,
+                    self.config.max_requests,
+                ))
             } else {
                 None
             };
