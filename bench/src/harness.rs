@@ -654,13 +654,26 @@ fn bench(
     if plan.check > 0 {
         mem.prime(comm, spec, ctx)?;
     }
-    // One untimed op (connections, page faults, caches), then line everyone up.
-    mem.op(comm, spec, ctx, 0, false)?;
-    barrier(comm)?;
-
     let shifts = plan.rotation.positions(span, mem.shifts(span));
     let agg = plan.agg_iters as usize;
     let total_ops = plan.iters as usize * agg;
+    // Untimed ops first (connections, page faults, caches), one at every position the timed
+    // loop will use, then line everyone up. One at offset 0 only left the rest of the window
+    // cold: a size alone then timed its first pass over the window (page walks, cold lines),
+    // while inside a sweep the warmup at the largest size had touched it; 256 KiB on 2 local
+    // ranks measured 41-50 us alone against 26-31 inside `-e 16M` at `-n 40`, and the same
+    // 26-30 either way at `-n 2000` (BENCHMARKS.md, point 0). `--rotate max` is nccl-tests'
+    // own rule, and keeps its single untimed op.
+    let warm = if plan.rotation == crate::sizes::Rotation::Max {
+        1
+    } else {
+        total_ops.min(shifts).max(1)
+    };
+    for k in 0..warm {
+        mem.op(comm, spec, ctx, span * k, false)?;
+    }
+    barrier(comm)?;
+
     // The host clock gives the row's time (and -z's barriers); the laps are the memory's
     // own when it times operations itself.
     let mut clock = Clock::start(plan);

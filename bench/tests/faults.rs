@@ -22,11 +22,8 @@ extern "C" {
 const SIGKILL: i32 = 9;
 const SIGTERM: i32 = 15;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("busbw-faults-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> common::Scratch {
+    common::Scratch::new("faults", name)
 }
 
 /// A running local job: stdout read up to the first data row (collecting each rank's pid
@@ -298,7 +295,7 @@ fn full_disk_for_reports_is_a_named_failure() {
     let dir = scratch("full");
     let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=32k", "tmpfs"])
-        .arg(&dir)
+        .arg(dir.path())
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
@@ -314,7 +311,7 @@ fn full_disk_for_reports_is_a_named_failure() {
             let _ = Command::new("umount").arg(&self.0).status();
         }
     }
-    let _u = Unmount(dir.clone());
+    let _u = Unmount(dir.path().to_path_buf());
     let json = dir.join("run.json");
     let start_t = Instant::now();
     // 4 KiB rows of JSON per size with -n 200 iteration stats: the disk fills within the sweep.

@@ -270,6 +270,25 @@ fn reps_for(bytes: usize) -> usize {
     }
 }
 
+/// Seconds one probe size may take, every algorithm together, before its repetitions are cut
+/// down (never below [`MIN_REPS`]). Local ranks stay far inside it; on a slow or large job
+/// (1 Gbit/s TCP, hundreds of ranks whose ring pays 2(n-1) hops, emulated RDMA) the fixed
+/// counts cost seconds per probe and the job's start-up would be mostly calibration.
+const PROBE_BUDGET_SECS: f64 = 0.25;
+const MIN_REPS: usize = 3;
+
+/// Repetitions of a probe whose first timed round took `round_secs` (every algorithm, the
+/// slowest rank's times): all ranks pass the same maximum, so all repeat alike.
+fn reps_within_budget(bytes: usize, round_secs: f64) -> usize {
+    let most = reps_for(bytes);
+    if round_secs.is_nan() || round_secs <= 0.0 || round_secs.is_infinite() {
+        return most;
+    }
+    // The round already taken counts as one.
+    let fit = (PROBE_BUDGET_SECS / round_secs).floor() as usize;
+    fit.clamp(MIN_REPS, most)
+}
+
 /// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`; infinite when
 /// another algorithm ran in its place.
 fn time_one(
@@ -304,7 +323,8 @@ fn low_quartile(mut v: Vec<f64>) -> f64 {
 /// that gives every ring chunk at least one element (so no step is skipped; the hop latency)
 /// to [`LARGE_BYTES`] (the bandwidth), the algorithms in a rotating order so that load from
 /// elsewhere hits all alike, lower quartiles throughout: one preempted repetition must not
-/// move the model. The alpha-beta terms are fitted to the ring's and the tree's times, for reports.
+/// move the model. Each probe repeats as often as [`PROBE_BUDGET_SECS`] allows. The alpha-beta
+/// terms are fitted to the ring's and the tree's times, for reports.
 ///
 /// A collective: every rank calls it at the same point, and every rank returns the identical
 /// model (built from the element-wise maximum of all ranks' measurements), so all choose the
@@ -327,9 +347,11 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PROBED.len() * probes.len()];
     for (p, &bytes) in probes.iter().enumerate() {
-        let reps = reps_for(bytes);
-        // Round 0 is untimed: it opens connections and grows buffers.
-        for rep in 0..=reps {
+        let mut reps = reps_for(bytes);
+        // Round 0 is untimed: it opens connections and grows buffers. After round 1 the ranks
+        // agree on how many more rounds fit the budget.
+        let mut rep = 0;
+        while rep <= reps {
             for k in 0..PROBED.len() {
                 let a = (k + rep) % PROBED.len();
                 if PROBED[a] == Algo::Direct && !crate::direct::applicable(comm) {
@@ -343,6 +365,15 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
                     samples[a * probes.len() + p].push(t);
                 }
             }
+            if rep == 1 {
+                let mut round = [(0..PROBED.len())
+                    .map(|a| samples[a * probes.len() + p][0])
+                    .filter(|t| t.is_finite())
+                    .sum::<f64>()];
+                all_reduce_values(comm, &mut round, ReduceOp::Max)?;
+                reps = reps_within_budget(bytes, round[0]);
+            }
+            rep += 1;
         }
     }
     let mut v: Vec<f64> = samples.into_iter().map(low_quartile).collect();
@@ -421,6 +452,18 @@ pub fn all_reduce_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fast probes keep every repetition; slow ones (a large or emulated job) are cut to what
+    /// fits the budget, never below three, so that one slowed run still cannot decide.
+    #[test]
+    fn slow_probes_repeat_less() {
+        assert_eq!(reps_within_budget(1024, 20e-6), reps_for(1024));
+        assert_eq!(reps_within_budget(LARGE_BYTES, 0.01), reps_for(LARGE_BYTES));
+        assert_eq!(reps_within_budget(1024, 0.025), 10);
+        assert_eq!(reps_within_budget(1024, 0.2), MIN_REPS);
+        assert_eq!(reps_within_budget(LARGE_BYTES, 3.0), MIN_REPS);
+        assert_eq!(reps_within_budget(1024, f64::NAN), reps_for(1024));
+    }
 
     /// Slowed runs (load from elsewhere) do not move the estimate; one lucky run alone does
     /// not decide it either once there are enough repetitions.

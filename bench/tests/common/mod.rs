@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
@@ -32,11 +32,63 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `name` in this test process's scratch folder for `suite` (created on first use).
+/// `name` in this test process's scratch folder for `suite`, under cargo's scratch space for
+/// integration tests (`target/tmp`), not the machine's `/tmp`. Shared by the suite's tests,
+/// so no one test may remove it; instead the first use removes the folders earlier runs of
+/// the suite left behind (their processes are gone), so at most the last run's stays.
 pub fn scratch(suite: &str, name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("busbw-{suite}-{}", std::process::id()));
+    static SWEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("busbw-{suite}-");
+    let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if !swept.contains(&prefix) {
+        swept.push(prefix.clone());
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let file = e.file_name();
+            let pid = file.to_str().and_then(|n| n.strip_prefix(&prefix));
+            if pid.is_some_and(|p| !Path::new("/proc").join(p).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let d = root.join(format!("{prefix}{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("create the scratch folder");
     d.join(name)
+}
+
+/// One test's own scratch folder, emptied when made: removed when the test passes, kept when
+/// it fails (a panic is unwinding), with its path on stderr, for the post-mortem.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(suite: &str, name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("busbw-{suite}-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("create the scratch folder");
+        Scratch(d)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "kept for inspection: {}",
+                self.0.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Says on the process's stderr that `test` skips and why: the test harness captures
