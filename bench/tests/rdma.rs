@@ -128,7 +128,7 @@ fn console_tails(dir: &Path, guests: usize) -> String {
 }
 
 /// A shell script that runs each `(name, command)` in turn, keeping each one's stdout, stderr,
-/// exit code and seconds taken as `$VM_OUT/<name>.{out,err,rc,secs}`, and never stops at a
+/// exit code and milliseconds taken as `$VM_OUT/<name>.{out,err,rc,ms}`, and never stops at a
 /// failure.
 fn batch(cases: &[(String, String)]) -> String {
     let mut s = String::from("set +e\n");

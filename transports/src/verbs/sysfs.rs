@@ -231,29 +231,24 @@ impl Sysfs {
                 // Unused entries are all zeros and most of the table (rxe has 1024 of them,
                 // a ConnectX 256), and their attributes are unreadable anyway: skipping them
                 // saves two thirds of the reads every process makes at start-up.
-                if gid.is_some_and(|g| g.iter().all(|b| *b == 0)) {
-                    return GidEntry {
-                        index: i,
-                        gid,
-                        kind: Err("unused entry".into()),
-                        ndev: None,
-                    };
-                }
-                let kind = read_trim(&p.join("gid_attrs/types").join(&name)).and_then(|t| match t
-                    .as_str()
-                {
-                    "" => Err("empty".into()),
-                    "IB/RoCE v1" => Ok(GidType::IbRoceV1),
-                    "RoCE v2" => Ok(GidType::RoceV2),
-                    other => Ok(GidType::Other(other.into())),
-                });
+                let unused = gid.is_some_and(|g| g.iter().all(|b| *b == 0));
+                let attr = |dir: &str| {
+                    if unused {
+                        Err("unused entry".to_string())
+                    } else {
+                        read_trim(&p.join("gid_attrs").join(dir).join(&name))
+                    }
+                };
                 GidEntry {
                     index: i,
                     gid,
-                    kind,
-                    ndev: read_trim(&p.join("gid_attrs/ndevs").join(&name))
-                        .ok()
-                        .filter(|s| !s.is_empty()),
+                    kind: attr("types").and_then(|t| match t.as_str() {
+                        "" => Err("empty".into()),
+                        "IB/RoCE v1" => Ok(GidType::IbRoceV1),
+                        "RoCE v2" => Ok(GidType::RoceV2),
+                        other => Ok(GidType::Other(other.into())),
+                    }),
+                    ndev: attr("ndevs").ok().filter(|s| !s.is_empty()),
                 }
             })
             .collect();
