@@ -46,7 +46,8 @@ pub struct ReportArgs {
     /// (name it *.prom inside the collector's directory).
     #[arg(long = "export-prometheus", value_name = "FILE")]
     pub export_prometheus: Option<PathBuf>,
-    /// PUT the metrics to a Prometheus Pushgateway at the end of the run (http://HOST[:PORT]).
+    /// PUT the metrics to a Prometheus Pushgateway at the end of the run (http://HOST[:PORT],
+    /// or https:// through an ingress, verified against SSL_CERT_FILE or the Mozilla roots).
     #[arg(long = "push-gateway", value_name = "URL", env = "BUSBW_PUSH_GATEWAY")]
     pub push_gateway: Option<String>,
     /// `job` label of the Prometheus metrics (and the Pushgateway grouping key).

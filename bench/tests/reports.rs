@@ -223,8 +223,8 @@ fn bad_report_flags_are_usage_errors_before_running() {
             "directory no/such/dir does not exist",
         ),
         (
-            vec!["--push-gateway", "https://pgw"],
-            "https is not supported",
+            vec!["--push-gateway", "pgw:9091"],
+            "expected http://HOST[:PORT] or https://HOST[:PORT]",
         ),
         (
             vec!["--link-rate", "0"],

@@ -1,7 +1,6 @@
 //! Network topology: the tier model, the label conventions (presets), where a rank's labels
 //! come from (sources), and their exchange at rendezvous.
 
-pub mod http;
 pub mod hypernodes;
 pub mod model;
 pub mod node_labels;

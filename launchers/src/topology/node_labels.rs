@@ -4,7 +4,8 @@
 //! nodes. Opt-in: it needs a ClusterRole that may patch nodes.
 
 use super::sources::{k8s_base, k8s_request, path_segment};
-use super::{http, SourceConfig};
+use super::SourceConfig;
+use busbw_http as http;
 use serde_json::{json, Value};
 
 /// `KEY=VALUE` of `--label-nodes`, checked against Kubernetes' label syntax.

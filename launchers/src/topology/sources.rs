@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::http;
 use super::hypernodes;
 use super::model::{is_placeholder, Labels};
 use super::presets::{
     Preset, OCI_GPU_MEMORY_FABRIC, OCI_HOST, OCI_ISLAND, OCI_LOCAL_BLOCK, OCI_NETWORK_BLOCK,
 };
+use busbw_http as http;
 
 /// `BUSBW_TOPOLOGY=key=value,key=value`.
 pub const TOPOLOGY_ENV: &str = "BUSBW_TOPOLOGY";
@@ -402,7 +402,7 @@ pub(crate) fn k8s_request(
     let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
     let ca = cfg.service_account_dir.join("ca.crt");
     let ca = ca.exists().then_some(ca.as_path());
-    http::request(method, url, &headers, body, ca, cfg.timeout)
+    http::request(method, url, &headers, body, ca, cfg.timeout).map_err(|e| e.to_string())
 }
 
 /// GET /api/v1/nodes/<node> with the service-account token, if there is one.
@@ -535,7 +535,7 @@ fn from_imds(cfg: &SourceConfig) -> Result<(Labels, String), SourceError> {
         None,
         cfg.timeout,
     )
-    .map_err(|e| err("oci-imds", e))?;
+    .map_err(|e| err("oci-imds", e.to_string()))?;
     match r.status {
         200 => {
             let v: Value = serde_json::from_slice(&r.body)

@@ -1,18 +1,17 @@
 //! `--push-gateway URL`: PUT the Prometheus exposition to a Pushgateway, for jobs that end
-//! before any scraper could see them (batch benchmarks).
-//!
-//! A plain HTTP/1.1 client over `std::net`: the Pushgateway speaks HTTP, the body is one small
-//! text document, and an HTTP stack (with TLS, a runtime) would be most of the binary. For
-//! `https://` put a proxy in front, as Pushgateway deployments usually have.
+//! before any scraper could see them (batch benchmarks). http or https (through `busbw-http`:
+//! Pushgateways often sit behind an https ingress); the server is verified against
+//! `SSL_CERT_FILE` when set, else the Mozilla roots.
 
 use crate::run::RunRecord;
-use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use busbw_http::Body;
+use std::io;
 use std::time::Duration;
 
 /// Where to push and under which grouping key (`job`, `instance` = rank 0's host).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushGateway {
+    pub https: bool,
     pub host: String,
     pub port: u16,
     /// Path prefix of the gateway (usually empty).
@@ -22,16 +21,17 @@ pub struct PushGateway {
 }
 
 impl PushGateway {
-    /// Parses `http://host[:port][/prefix]`; the port defaults to the Pushgateway's 9091.
+    /// Parses `http[s]://host[:port][/prefix]`; the port defaults to the Pushgateway's 9091
+    /// over http and to 443 over https (an ingress).
     pub fn parse(url: &str, job: &str) -> Result<PushGateway, String> {
-        let rest = if let Some(r) = url.strip_prefix("http://") {
-            r
-        } else if url.starts_with("https://") {
-            return Err(format!(
-                "--push-gateway {url}: https is not supported; give the gateway's plain http:// address (port 9091 by default) or a proxy in front of it"
-            ));
+        let (https, rest) = if let Some(r) = url.strip_prefix("http://") {
+            (false, r)
+        } else if let Some(r) = url.strip_prefix("https://") {
+            (true, r)
         } else {
-            return Err(format!("--push-gateway {url}: expected http://HOST[:PORT]"));
+            return Err(format!(
+                "--push-gateway {url}: expected http://HOST[:PORT] or https://HOST[:PORT]"
+            ));
         };
         let (authority, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -43,7 +43,7 @@ impl PushGateway {
                 p.parse::<u16>()
                     .map_err(|_| format!("--push-gateway {url}: port {p:?} is not a number"))?,
             ),
-            _ => (authority, 9091),
+            _ => (authority, if https { 443 } else { 9091 }),
         };
         if host.is_empty() {
             return Err(format!("--push-gateway {url}: no host"));
@@ -54,6 +54,7 @@ impl PushGateway {
             );
         }
         Ok(PushGateway {
+            https,
             host: host.into(),
             port,
             base: base.into(),
@@ -76,48 +77,42 @@ impl PushGateway {
         )
     }
 
+    /// The whole URL of `instance`'s group.
+    pub fn url(&self, instance: &str) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("{scheme}://{host}:{}{}", self.port, self.path(instance))
+    }
+
     /// Replaces this job's group on the gateway with `run`'s metrics.
     pub fn push(&self, run: &RunRecord) -> io::Result<()> {
         let body = super::prometheus::render(run, &self.job);
         let instance = run.world.hosts.first().map_or("", |h| h.as_str());
-        let path = self.path(instance);
-        let what = format!("pushing to http://{}:{}{path}", self.host, self.port);
-        let ctx = |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
-        let addr = (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(ctx)?
-            .next()
-            .ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("{what}: no address"))
-            })?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout).map_err(ctx)?;
-        s.set_read_timeout(Some(self.timeout)).map_err(ctx)?;
-        s.set_write_timeout(Some(self.timeout)).map_err(ctx)?;
-        let req = format!(
-            "PUT {path} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: busbw/{}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.host,
-            self.port,
-            run.versions.busbw,
-            body.len()
-        );
-        s.write_all(req.as_bytes()).map_err(ctx)?;
-        s.write_all(body.as_bytes()).map_err(ctx)?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).map_err(ctx)?;
-        let text = String::from_utf8_lossy(&resp);
-        let status = text
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse::<u16>().ok());
-        match status {
-            Some(c) if (200..300).contains(&c) => Ok(()),
-            Some(c) => {
-                let body = text.split("\r\n\r\n").nth(1).unwrap_or("").trim();
-                Err(io::Error::other(format!("{what}: HTTP {c}: {body}")))
-            }
-            None => Err(io::Error::other(format!("{what}: no HTTP response"))),
+        let url = self.url(instance);
+        let r = busbw_http::request(
+            "PUT",
+            &url,
+            &[],
+            Some(Body {
+                content_type: "text/plain; version=0.0.4",
+                bytes: body.as_bytes(),
+            }),
+            None,
+            self.timeout,
+        )
+        .map_err(|e| io::Error::other(format!("pushing the metrics: {e}")))?;
+        if (200..300).contains(&r.status) {
+            return Ok(());
         }
+        Err(io::Error::other(format!(
+            "pushing to {url}: HTTP {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body).trim()
+        )))
     }
 }
 
@@ -138,7 +133,7 @@ fn segment(s: &str) -> String {
 mod tests {
     use super::super::sample;
     use super::*;
-    use std::io::{BufRead, BufReader};
+    use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpListener;
 
     #[test]
@@ -154,9 +149,12 @@ mod tests {
             p.path("node a/1"),
             "/prefix/metrics/job/j/instance/node%20a%2F1"
         );
-        assert!(PushGateway::parse("https://pgw", "j")
-            .unwrap_err()
-            .contains("https"));
+        let p = PushGateway::parse("https://pgw.example/", "j").unwrap();
+        assert_eq!((p.https, p.port), (true, 443));
+        assert_eq!(
+            p.url("n1"),
+            "https://pgw.example:443/metrics/job/j/instance/n1"
+        );
         assert!(PushGateway::parse("pgw:9091", "j")
             .unwrap_err()
             .contains("http://"));
