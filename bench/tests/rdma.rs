@@ -70,6 +70,19 @@ impl Guest {
     }
 }
 
+/// `rdma-vm.sh run` of `cmd` on `guests` guests with `opts`, results under `out`.
+fn bed(guests: usize, out: &Path, opts: &[&str], cmd: &str) -> std::process::Output {
+    Command::new("bash")
+        .arg(script())
+        .args(["run", "--guests", &guests.to_string(), "--out"])
+        .arg(out)
+        .args(opts)
+        .arg("--")
+        .arg(cmd)
+        .output()
+        .expect("run rdma-vm.sh")
+}
+
 /// Boots `guests` guests with `opts` (rdma-vm.sh options), runs `cmd` in each, and returns
 /// their results; panics with the test bed's own words when the bed (not the command) failed.
 /// A run whose emulated NIC stalled (a qemu fault the bed names) is run once more, saying so:
@@ -80,15 +93,7 @@ fn run_guests(tag: &str, guests: usize, opts: &[&str], cmd: &str) -> Vec<Guest> 
     let (scratch, out) = loop {
         let scratch = common::Scratch::new("rdma", &format!("{tag}-{attempt}"));
         let start = std::time::Instant::now();
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["run", "--guests", &guests.to_string(), "--out"])
-            .arg(scratch.path())
-            .args(opts)
-            .arg("--")
-            .arg(cmd)
-            .output()
-            .expect("run rdma-vm.sh");
+        let out = bed(guests, scratch.path(), opts, cmd);
         let _ = writeln!(
             std::io::stderr(),
             "{tag}: {guests} guest(s) ran for {:.1} s",
@@ -820,13 +825,12 @@ fn a_stalled_emulated_nic_is_the_beds_failure() {
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::Scratch::new("rdma", "stall");
-    let out = Command::new("bash")
-        .arg(script())
-        .args(["run", "--guests", "1", "--out"])
-        .arg(dir.path())
-        .args(["--", "echo '<3>virtio_net virtio2 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5372 ms' >/dev/kmsg; sleep 1"])
-        .output()
-        .expect("run rdma-vm.sh");
+    let out = bed(
+        1,
+        dir.path(),
+        &[],
+        "echo '<3>virtio_net virtio2 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5372 ms' >/dev/kmsg; sleep 1",
+    );
     let said = text(&out.stdout);
     assert_eq!(out.status.code(), Some(3), "{said}{}", text(&out.stderr));
     assert!(

@@ -407,13 +407,7 @@ fn compare_passes_identical_runs_and_names_a_drop() {
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
         .iter()
-        .find_map(|name| {
-            std::env::var_os("PATH").and_then(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|p| p.join(name))
-                    .find(|p| p.is_file())
-            })
-        })
+        .find_map(|name| common::on_path(name))
 }
 
 /// Runs headless Chromium on `url`, killing it after a minute so a wedged browser fails the

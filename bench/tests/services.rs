@@ -22,11 +22,7 @@ impl Drop for Service {
 
 /// `program`'s path, or None after saying why `test` skips.
 fn installed(program: &str, package: &str, test: &str) -> Option<String> {
-    let found = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(program))
-            .find(|f| f.is_file())
-    });
+    let found = common::on_path(program);
     if found.is_none() {
         eprintln!(
             "skipping {test}: {program} is not installed (apt-get install {package}; .ci/run does)"

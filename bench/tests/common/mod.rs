@@ -28,6 +28,16 @@ pub fn run(args: &[&str]) -> Output {
     busbw().args(args).output().expect("run busbw")
 }
 
+/// `program` found on PATH, as a shell would find it.
+#[allow(dead_code)]
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
