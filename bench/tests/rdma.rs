@@ -695,7 +695,7 @@ fn secs(s: &str) -> Option<f64> {
 
 /// Point 5: a rank killed with SIGKILL, a guest's link going down mid-run, and a GID no peer
 /// can reach: every rank ends within `-T` (no hang), with exit 3 or 4 and a message that
-/// names the failed rank or node, learnt from the verbs completions.
+/// names the failed rank or node, learnt from the verbs completions or the bootstrap socket.
 #[test]
 fn faults_on_softroce() {
     if !can_run("faults_on_softroce") {
@@ -776,9 +776,34 @@ fn faults_on_softroce() {
     }
     let errs = all_err("linkdown");
     reports_kept(&g[0], "linkdown", true, "");
+    // Which signal arrives first depends on what each rank had in flight when the link went
+    // and on when vm2's ranks gave up: an RDMA write toward vm2 ends in RETRY_EXC (~1 s at
+    // NCCL_IB_TIMEOUT=16, 3 retries); a rank waiting for vm2's clear-to-send or data has
+    // posted nothing that can fail and learns it from the bootstrap socket's keepalives
+    // (~17 s), or from vm2's kernel resetting the connection once vm2's ranks have exited
+    // (losing the store first) and the link is back; vm2's own ranks see their sends fail
+    // locally. Each is the right detection, and each must arrive decoded (every completion
+    // status's message is unit-tested in transports' verbs::wc).
+    let paths = [
+        (
+            "RETRY_EXC",
+            errs.contains("IBV_WC_RETRY_EXC_ERR")
+                && errs.contains("the peer stopped acknowledging"),
+        ),
+        ("keepalives", errs.contains("stopped answering keepalives")),
+        (
+            "connection reset",
+            errs.contains("peer rank 4 closed the connection"),
+        ),
+        (
+            "local send failure",
+            errs.contains("IBV_WC_LOC_QP_OP_ERR") && errs.contains("this host could not send"),
+        ),
+    ];
+    eprintln!("linkdown: learnt from {paths:?}");
     assert!(
-        errs.contains("IBV_WC_RETRY_EXC_ERR") && errs.contains("the peer stopped acknowledging"),
-        "RETRY_EXC decoded\n{errs}"
+        paths.iter().any(|p| p.1),
+        "the cut-off link was learnt from a decoded verbs completion or the bootstrap socket\n{errs}"
     );
 
     // The unreachable GID shows at the first transfer, once the job has assembled: timed
