@@ -48,6 +48,7 @@ pub struct ReportArgs {
     pub export_prometheus: Option<PathBuf>,
     /// PUT the metrics to a Prometheus Pushgateway at the end of the run (http://HOST[:PORT],
     /// or https:// through an ingress, verified against SSL_CERT_FILE or the Mozilla roots).
+    /// Basic auth: http[s]://USER@HOST with the password in BUSBW_PUSH_GATEWAY_PASSWORD.
     #[arg(long = "push-gateway", value_name = "URL", env = "BUSBW_PUSH_GATEWAY")]
     pub push_gateway: Option<String>,
     /// `job` label of the Prometheus metrics (and the Pushgateway grouping key).

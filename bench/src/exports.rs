@@ -5,7 +5,7 @@ use crate::cli_report::ReportArgs;
 use crate::perf::NCCL_TESTS_COMPAT;
 use crate::plan::{Average, Plan};
 use crate::terminal::Terminal;
-use busbw_reports::export::push::PushGateway;
+use busbw_reports::export::push::{self, PushGateway};
 use busbw_reports::export::{nccl_json, ExportSink, Format, Target};
 use busbw_reports::run::{PlanRecord, RunRecord, Versions, WorldRecord, SCHEMA, SCHEMA_VERSION};
 use busbw_reports::{clock, DeviceInfo, Footer, Measured, Row, RunHeader, Sink, TextTable};
@@ -79,7 +79,12 @@ pub fn requested(a: &ReportArgs) -> Result<Requested, String> {
         }
     }
     if let Some(url) = &a.push_gateway {
-        r.push = Some(PushGateway::parse(url, &a.prometheus_job)?);
+        let password = std::env::var(push::PASSWORD_ENV).ok();
+        r.push = Some(PushGateway::parse(
+            url,
+            &a.prometheus_job,
+            password.as_deref(),
+        )?);
     }
     if let Some(l) = a.link_rate {
         if !l.is_finite() || l <= 0.0 {

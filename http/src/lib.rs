@@ -140,6 +140,16 @@ fn describe(t: &ureq::Transport) -> String {
     out
 }
 
+/// The `Authorization` header value of HTTP basic auth (RFC 7617, UTF-8).
+pub fn basic_auth(user: &str, password: &str) -> String {
+    use base64::Engine;
+    let pair = format!("{user}:{password}");
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    )
+}
+
 /// GET `url`, as [`request`] does it.
 pub fn get(
     url: &str,

@@ -241,3 +241,12 @@ fn bad_urls_and_ca_bundles_are_named() {
     .unwrap_err();
     assert!(matches!(e, HttpError::Ca { .. }), "{e:?}");
 }
+
+/// RFC 7617's own example.
+#[test]
+fn basic_auth_is_rfc_7617s() {
+    assert_eq!(
+        busbw_http::basic_auth("Aladdin", "open sesame"),
+        "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+    );
+}

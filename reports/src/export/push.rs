@@ -1,15 +1,21 @@
 //! `--push-gateway URL`: PUT the Prometheus exposition to a Pushgateway, for jobs that end
 //! before any scraper could see them (batch benchmarks). http or https (through `busbw-http`:
 //! Pushgateways often sit behind an https ingress); the server is verified against
-//! `SSL_CERT_FILE` when set, else the Mozilla roots.
+//! `SSL_CERT_FILE` when set, else the Mozilla roots. A gateway that asks for basic auth (its
+//! own `--web.config.file`, or the ingress) gets the user named in the URL and the password
+//! from [`PASSWORD_ENV`], so the secret comes from a Kubernetes Secret, not the command line.
 
 use crate::run::RunRecord;
 use busbw_http::Body;
 use std::io;
 use std::time::Duration;
 
+/// The environment variable holding the basic-auth password of `--push-gateway
+/// https://USER@HOST`.
+pub const PASSWORD_ENV: &str = "BUSBW_PUSH_GATEWAY_PASSWORD";
+
 /// Where to push and under which grouping key (`job`, `instance` = rank 0's host).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct PushGateway {
     pub https: bool,
     pub host: String,
@@ -18,12 +24,27 @@ pub struct PushGateway {
     pub base: String,
     pub job: String,
     pub timeout: Duration,
+    /// Basic-auth user and password.
+    pub auth: Option<(String, String)>,
+}
+
+/// Never prints the password.
+impl std::fmt::Debug for PushGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushGateway")
+            .field("url", &self.url(""))
+            .field("job", &self.job)
+            .field("user", &self.auth.as_ref().map(|a| &a.0))
+            .finish()
+    }
 }
 
 impl PushGateway {
-    /// Parses `http[s]://host[:port][/prefix]`; the port defaults to the Pushgateway's 9091
-    /// over http and to 443 over https (an ingress).
-    pub fn parse(url: &str, job: &str) -> Result<PushGateway, String> {
+    /// Parses `http[s]://[user@]host[:port][/prefix]`; the port defaults to the
+    /// Pushgateway's 9091 over http and to 443 over https (an ingress). `password` (the value
+    /// of [`PASSWORD_ENV`]) goes with the user; a user with no password, or a password with no
+    /// user, is an error rather than a push the gateway would refuse at the end of the run.
+    pub fn parse(url: &str, job: &str, password: Option<&str>) -> Result<PushGateway, String> {
         let (https, rest) = if let Some(r) = url.strip_prefix("http://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("https://") {
@@ -36,6 +57,35 @@ impl PushGateway {
         let (authority, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
+        };
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some((u, _)) if u.contains(':') => {
+                return Err(format!(
+                    "--push-gateway: put only the user in the URL (https://USER@HOST) and the \
+                     password in {PASSWORD_ENV}: a password on the command line shows in every \
+                     process list"
+                ))
+            }
+            Some((u, a)) if !u.is_empty() => (Some(u), a),
+            Some(_) => return Err(format!("--push-gateway {url}: empty user before '@'")),
+            None => (None, authority),
+        };
+        let password = password.filter(|p| !p.is_empty());
+        let auth = match (user, password) {
+            (Some(u), Some(p)) => Some((u.to_string(), p.to_string())),
+            (None, None) => None,
+            (Some(u), None) => {
+                return Err(format!(
+                    "--push-gateway names user {u:?} but {PASSWORD_ENV} is not set: set it to \
+                     the gateway's password (in Kubernetes, from a Secret)"
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "{PASSWORD_ENV} is set but --push-gateway {url} names no user: give \
+                     http[s]://USER@HOST[:PORT]"
+                ))
+            }
         };
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
@@ -60,6 +110,7 @@ impl PushGateway {
             base: base.into(),
             job: job.into(),
             timeout: Duration::from_secs(10),
+            auth,
         })
     }
 
@@ -93,10 +144,16 @@ impl PushGateway {
         let body = super::prometheus::render(run, &self.job);
         let instance = run.world.hosts.first().map_or("", |h| h.as_str());
         let url = self.url(instance);
+        let auth = self
+            .auth
+            .as_ref()
+            .map(|(u, p)| busbw_http::basic_auth(u, p));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
         let r = busbw_http::request(
             "PUT",
             &url,
-            &[],
+            &headers,
             Some(Body {
                 content_type: "text/plain; version=0.0.4",
                 bytes: body.as_bytes(),
@@ -107,6 +164,20 @@ impl PushGateway {
         .map_err(|e| io::Error::other(format!("pushing the metrics: {e}")))?;
         if (200..300).contains(&r.status) {
             return Ok(());
+        }
+        if r.status == 401 {
+            let said = match &self.auth {
+                Some((u, _)) => {
+                    format!("user {u:?} and the password in {PASSWORD_ENV} were refused")
+                }
+                None => format!(
+                    "it asks for credentials: give the user in the URL (https://USER@HOST) and \
+                     the password in {PASSWORD_ENV}"
+                ),
+            };
+            return Err(io::Error::other(format!(
+                "pushing to {url}: HTTP 401: {said}"
+            )));
         }
         Err(io::Error::other(format!(
             "pushing to {url}: HTTP {}: {}",
@@ -138,29 +209,58 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        let p = PushGateway::parse("http://pgw:9091", "nightly").unwrap();
+        let p = PushGateway::parse("http://pgw:9091", "nightly", None).unwrap();
         assert_eq!(
             (p.host.as_str(), p.port, p.base.as_str()),
             ("pgw", 9091, "")
         );
-        let p = PushGateway::parse("http://pgw/prefix/", "j").unwrap();
+        let p = PushGateway::parse("http://pgw/prefix/", "j", None).unwrap();
         assert_eq!((p.port, p.base.as_str()), (9091, "/prefix"));
         assert_eq!(
             p.path("node a/1"),
             "/prefix/metrics/job/j/instance/node%20a%2F1"
         );
-        let p = PushGateway::parse("https://pgw.example/", "j").unwrap();
+        let p = PushGateway::parse("https://pgw.example/", "j", None).unwrap();
         assert_eq!((p.https, p.port), (true, 443));
         assert_eq!(
             p.url("n1"),
             "https://pgw.example:443/metrics/job/j/instance/n1"
         );
-        assert!(PushGateway::parse("pgw:9091", "j")
+        assert!(PushGateway::parse("pgw:9091", "j", None)
             .unwrap_err()
             .contains("http://"));
-        assert!(PushGateway::parse("http://pgw:x", "j")
+        assert!(PushGateway::parse("http://pgw:x", "j", None)
             .unwrap_err()
             .contains("port"));
+    }
+
+    #[test]
+    fn basic_auth_user_in_the_url_password_from_the_environment() {
+        let p = PushGateway::parse("https://nightly@pgw.example:8443/x", "j", Some("pw")).unwrap();
+        assert_eq!(p.auth, Some(("nightly".into(), "pw".into())));
+        assert_eq!(
+            (p.host.as_str(), p.port, p.base.as_str()),
+            ("pgw.example", 8443, "/x")
+        );
+        // Neither the URL shown in messages nor Debug carries the password.
+        assert_eq!(
+            p.url("n"),
+            "https://pgw.example:8443/x/metrics/job/j/instance/n"
+        );
+        assert!(!format!("{p:?}").contains("pw"), "{p:?}");
+        let e = PushGateway::parse("https://u:pw@pgw", "j", None).unwrap_err();
+        assert!(e.contains(PASSWORD_ENV) && !e.contains("pw@"), "{e}");
+        let e = PushGateway::parse("https://u@pgw", "j", None).unwrap_err();
+        assert!(e.contains(PASSWORD_ENV) && e.contains("\"u\""), "{e}");
+        let e = PushGateway::parse("https://pgw", "j", Some("pw")).unwrap_err();
+        assert!(e.contains("names no user"), "{e}");
+        // An empty variable counts as unset.
+        assert_eq!(
+            PushGateway::parse("https://pgw", "j", Some(""))
+                .unwrap()
+                .auth,
+            None
+        );
     }
 
     /// A one-request HTTP server on loopback that answers `status` and returns the request.
@@ -195,9 +295,10 @@ mod tests {
     #[test]
     fn pushes_the_exposition() {
         let (port, h) = serve_once("200 OK");
-        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "nightly").unwrap();
+        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "nightly", None).unwrap();
         p.push(&sample::run()).unwrap();
         let (head, body) = h.join().unwrap();
+        assert!(!head.contains("Authorization"), "{head}");
         assert!(
             head.starts_with("PUT /metrics/job/nightly/instance/node-a HTTP/1.1\r\n"),
             "{head}"
@@ -215,7 +316,7 @@ mod tests {
     #[test]
     fn gateway_errors_are_reported() {
         let (port, h) = serve_once("400 Bad Request");
-        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "nightly").unwrap();
+        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "nightly", None).unwrap();
         let e = p.push(&sample::run()).unwrap_err().to_string();
         h.join().unwrap();
         assert!(e.contains("HTTP 400") && e.contains("nope"), "{e}");
@@ -223,7 +324,7 @@ mod tests {
         let dead = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = dead.local_addr().unwrap().port();
         drop(dead);
-        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "j").unwrap();
+        let p = PushGateway::parse(&format!("http://127.0.0.1:{port}"), "j", None).unwrap();
         let e = p.push(&sample::run()).unwrap_err().to_string();
         assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
     }
