@@ -1,10 +1,10 @@
 //! Sets `busbw_avx512` (and `busbw_avx512fp16`) when this compiler can build the AVX-512
 //! reduction kernels (and the half/bfloat16 arithmetic ones).
 //!
-//! The workspace supports Rust 1.80, but AVX-512 target features and intrinsics are stable only
-//! from 1.89, the FP16 ones from 1.94. Probing the code itself (rather than the version
-//! number) keeps older compilers building the crate, with a lower best tier, and lets newer
-//! ones add the wider tiers.
+//! The workspace supports Rust 1.89, from which AVX-512 target features and intrinsics are
+//! stable; the FP16 ones are stable only from 1.94. Probing the code itself (rather than the
+//! version number) keeps older compilers building the crate, with a lower best tier, and lets
+//! newer ones add the wider tiers.
 
 fn main() {
     autocfg::emit_possibility("busbw_avx512");

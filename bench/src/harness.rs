@@ -138,7 +138,7 @@ impl Clock {
         if self.blocking == Blocking::EachOp {
             barrier()?;
         }
-        if (k + 1) % self.agg == 0 {
+        if (k + 1).is_multiple_of(self.agg) {
             let now = (self.now)();
             let lap = (now - self.lap_start).as_secs_f64();
             self.laps.push(lap / self.agg as f64);

@@ -538,7 +538,7 @@ impl Waiter {
     ) -> Result<bool, CommError> {
         self.idle = self.idle.saturating_add(1);
         // (A saturated count reads the clock on every pass, so -T still fires.)
-        if self.idle % CLOCK_EVERY != 0 && self.idle != u32::MAX {
+        if !self.idle.is_multiple_of(CLOCK_EVERY) && self.idle != u32::MAX {
             std::hint::spin_loop();
             return Ok(false);
         }

@@ -312,7 +312,7 @@ pub fn finish_avg<T: Element>(dst: &mut [T], nranks: usize) {
 /// The `mulsum` factor of `rank`: nccl-tests' `ncclVerifiablePremulScalar`, 1 on even ranks and
 /// 2 on odd ones. Powers of two keep the premultiplication exact, so validation stays bitwise.
 pub fn premul_scalar(rank: usize) -> f64 {
-    if rank % 2 == 0 {
+    if rank.is_multiple_of(2) {
         1.0
     } else {
         2.0

@@ -165,7 +165,7 @@ impl<T> Plan<T> for RdPlan<T> {
     /// send is complete.
     fn may_process(&self, link: usize, _key: Key, at: &Progress) -> bool {
         let step = self.roles[link].step;
-        self.steps[step][0].map_or(true, |send| at.done(send) > 0)
+        self.steps[step][0].is_none_or(|send| at.done(send) > 0)
     }
     fn arrived(&mut self, link: usize, _key: Key) -> Arrival<T> {
         let role = self.roles[link];

@@ -105,7 +105,7 @@ fn every_dtype_and_op_over_tcp_and_shm_matches_the_ring() {
     ] {
         for dtype in DataType::ALL {
             for op in ReduceOp::ALL {
-                let in_place = op as usize % 2 == 0;
+                let in_place = (op as usize).is_multiple_of(2);
                 let comms = thread_world(n, transport, config()).unwrap();
                 let rd = run(comms, rd_all_reduce, 1003, dtype, op, in_place);
                 let comms = thread_world(n, ThreadTransport::Inproc, config()).unwrap();

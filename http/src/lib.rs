@@ -1,12 +1,15 @@
-//! The one HTTP client busbw uses for the services around a job: the cloud's instance
-//! metadata, the Kubernetes API server (node labels read and written), a Prometheus
-//! Pushgateway. ureq over rustls, so `https://` works in any image, with no curl and no system
-//! TLS library, and a bearer token never shows in a process list.
+//! The HTTP client busbw uses for the services around a job: the cloud's instance metadata
+//! and a Prometheus Pushgateway (the Kubernetes API goes through kube-rs, in launchers). ureq
+//! over rustls, so `https://` works in any image, with no curl and no system TLS library, and
+//! a bearer token or password never shows in a process list.
 //!
 //! A request either gets a response (any status: the caller knows what a 403 or a 404 means
 //! for its service) or an [`HttpError`] that names the method and URL. Redirects are never
 //! followed: every caller talks to one configured endpoint, and following a redirect would
 //! carry its bearer token wherever the server pointed. Bodies are bounded ([`MAX_BODY`]).
+
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -160,9 +163,16 @@ pub fn get(
     request("GET", url, headers, None, ca_file, timeout)
 }
 
-/// A client configuration that trusts the certificates of the PEM bundle at `path` and
-/// nothing else (a cluster's API server is signed by the cluster's own CA).
-fn client_config(path: &Path) -> Result<rustls::ClientConfig, String> {
+/// The certificates of the PEM bundle at `path` (DER), for a trust store: a reason when it
+/// cannot be read or holds none. The Kubernetes client reads the cluster's CA with it too.
+pub fn pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    Ok(certificates(path)?
+        .into_iter()
+        .map(|c| c.as_ref().to_vec())
+        .collect())
+}
+
+fn certificates(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::CertificateDer;
     let certs = CertificateDer::pem_file_iter(path)
@@ -172,6 +182,13 @@ fn client_config(path: &Path) -> Result<rustls::ClientConfig, String> {
     if certs.is_empty() {
         return Err("no certificates in it".into());
     }
+    Ok(certs)
+}
+
+/// A client configuration that trusts the certificates of the PEM bundle at `path` and
+/// nothing else (a cluster's API server is signed by the cluster's own CA).
+fn client_config(path: &Path) -> Result<rustls::ClientConfig, String> {
+    let certs = certificates(path)?;
     let mut roots = rustls::RootCertStore::empty();
     for c in certs {
         roots

@@ -2,42 +2,18 @@
 //! accepted, another refused), redirects not followed (the token stays with the endpoint it
 //! was meant for), bounded bodies, timeouts.
 
+// The servers other crates' tests get from feature test-support, compiled in here directly.
+#[path = "../src/testing.rs"]
+#[allow(dead_code)]
+mod testing;
+
 use busbw_http::{get, request, Body, HttpError, MAX_BODY};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use testing::{pki, serve_http, serve_https};
 
 const T: Duration = Duration::from_secs(20);
-
-/// A CA and a server certificate it signed for 127.0.0.1 and localhost.
-struct Pki {
-    ca_pem: String,
-    server_der: CertificateDer<'static>,
-    server_key: PrivateKeyDer<'static>,
-}
-
-fn pki(name: &str) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, name);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    Pki {
-        ca_pem: ca.pem(),
-        server_der: leaf.der().clone(),
-        server_key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    }
-}
 
 /// A scratch file for a CA bundle, removed when dropped.
 struct File(PathBuf);
@@ -52,63 +28,6 @@ impl Drop for File {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// What a server saw: the request head's lines and the body.
-type Seen = (Vec<String>, Vec<u8>);
-
-/// Reads one request from `s` and answers `reply`.
-fn exchange(s: &mut (impl Read + Write), reply: &[u8]) -> std::io::Result<Seen> {
-    let mut r = BufReader::new(&mut *s);
-    let mut head = Vec::new();
-    let mut len = 0;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 || line == "\r\n" {
-            break;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-        head.push(line.trim_end().to_string());
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body)?;
-    s.write_all(reply)?;
-    s.flush()?;
-    Ok((head, body))
-}
-
-/// A one-request plain http server answering `reply`.
-fn serve_http(reply: Vec<u8>) -> (u16, JoinHandle<std::io::Result<Seen>>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let h = std::thread::spawn(move || {
-        let (mut s, _) = l.accept()?;
-        exchange(&mut s, &reply)
-    });
-    (port, h)
-}
-
-/// A one-request https server with `pki`'s certificate answering `reply`.
-fn serve_https(pki: &Pki, reply: Vec<u8>) -> (u16, JoinHandle<std::io::Result<Seen>>) {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![pki.server_der.clone()], pki.server_key.clone_key())
-        .unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let h = std::thread::spawn(move || {
-        let (s, _) = l.accept()?;
-        let conn =
-            rustls::ServerConnection::new(Arc::new(config)).map_err(std::io::Error::other)?;
-        let mut tls = rustls::StreamOwned::new(conn, s);
-        exchange(&mut tls, &reply)
-    });
-    (port, h)
 }
 
 #[test]

@@ -96,10 +96,7 @@ impl DeviceBuffer {
         self.mem.is_empty()
     }
     fn check(&self, offset: usize, need: usize) -> Result<(), CudaError> {
-        if offset
-            .checked_add(need)
-            .map_or(true, |end| end > self.len())
-        {
+        if offset.checked_add(need).is_none_or(|end| end > self.len()) {
             return Err(CudaError::Range {
                 len: self.len(),
                 offset,

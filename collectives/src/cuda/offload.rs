@@ -305,7 +305,7 @@ impl Offload for CudaOffload {
     }
 
     fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        if self.scratch.as_ref().map_or(true, |p| p.host.len() < bytes) {
+        if self.scratch.as_ref().is_none_or(|p| p.host.len() < bytes) {
             self.scratch = Some(self.pair(bytes, "scratch")?);
             self.remirror()?;
         }
@@ -378,7 +378,7 @@ impl Offload for CudaOffload {
     ) -> Result<*const u8, OffloadError> {
         let bytes = elems * dtype.size();
         let s = self.dev(src, bytes)?;
-        if self.premul.as_ref().map_or(true, |p| p.host.len() < bytes) {
+        if self.premul.as_ref().is_none_or(|p| p.host.len() < bytes) {
             self.premul = Some(self.pair(bytes, "mulsum input")?);
             self.remirror()?;
         }

@@ -405,7 +405,8 @@ macro_rules! with_dtype {
 pub fn as_typed<T: Element>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0,
+        (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            && bytes.len().is_multiple_of(size),
         "buffer not aligned/sized for {}",
         T::DTYPE
     );
@@ -419,7 +420,8 @@ pub fn as_typed<T: Element>(bytes: &[u8]) -> &[T] {
 pub fn as_typed_mut<T: Element>(bytes: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0,
+        (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            && bytes.len().is_multiple_of(size),
         "buffer not aligned/sized for {}",
         T::DTYPE
     );

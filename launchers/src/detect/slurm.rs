@@ -132,7 +132,7 @@ fn parse_tasks_per_node(s: &str) -> Result<Vec<usize>, String> {
         if out.len().saturating_add(times) > MAX_NODES {
             return Err(format!("describes more than {MAX_NODES} nodes"));
         }
-        out.extend(std::iter::repeat(n).take(times));
+        out.extend(std::iter::repeat_n(n, times));
     }
     Ok(out)
 }

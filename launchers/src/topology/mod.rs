@@ -2,6 +2,7 @@
 //! come from (sources), and their exchange at rendezvous.
 
 pub mod hypernodes;
+mod kube_api;
 pub mod model;
 pub mod node_labels;
 pub mod presets;

@@ -3,10 +3,22 @@
 //! merge patch on /api/v1/nodes/NAME), so that a training job's `nodeSelector` keeps off bad
 //! nodes. Opt-in: it needs a ClusterRole that may patch nodes.
 
-use super::sources::{k8s_base, k8s_request, path_segment};
+use super::kube_api::{ApiError, KubeApi};
 use super::SourceConfig;
-use busbw_http as http;
 use serde_json::{json, Value};
+
+/// Percent-encoding for a path segment (node names are DNS names, but be safe).
+fn path_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
 
 /// `KEY=VALUE` of `--label-nodes`, checked against Kubernetes' label syntax.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,53 +131,41 @@ pub fn patches(label: &NodeLabel, passed: &[String], failed: &[String]) -> Vec<P
 }
 
 /// Send the patches. Every node is tried (a missing node does not stop the others) except
-/// after an authorization failure, which would repeat for every node. Returns one line per
-/// node done; the error lists every node not done and why.
+/// after a failure to authenticate or to be authorized, which would repeat for every node.
+/// Returns one line per node done; the error lists every node not done and why.
 pub fn apply(
     cfg: &SourceConfig,
     patches: &[Patch],
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<String>, String> {
-    let base = k8s_base(cfg, lookup).map_err(|e| e.msg)?;
+    let api = KubeApi::connect(cfg, lookup)?;
     let mut done = Vec::new();
     let mut failed = Vec::new();
     for p in patches {
-        let url = format!("{base}{}", p.path());
-        let body = http::Body {
-            content_type: MERGE_PATCH,
-            bytes: p.body.as_bytes(),
-        };
-        let what = if p.set { "labelled" } else { "unlabelled" };
-        match k8s_request(cfg, "PATCH", &url, Some(body)) {
-            Ok(r) if (200..300).contains(&r.status) => done.push(format!("{what} node {}", p.node)),
-            Ok(r) => {
-                let msg = api_message(&r.body);
-                match r.status {
-                    401 => {
-                        failed.push(format!(
-                            "PATCH {url}: HTTP 401: not authenticated: no valid service-account \
-                             token in {} ({msg})",
-                            cfg.service_account_dir.display()
-                        ));
-                        break;
+        let what = format!("patch nodes/{}", p.node);
+        let body: Value = serde_json::from_str(&p.body).map_err(|e| format!("{what}: {e}"))?;
+        let verb = if p.set { "labelled" } else { "unlabelled" };
+        match api.patch_node(&p.node, &body) {
+            Ok(()) => done.push(format!("{verb} node {}", p.node)),
+            Err(ApiError::Status { code: 404, .. }) => failed.push(format!(
+                "{what}: HTTP 404 from {}: no node named {:?} (is NODE_NAME set from \
+                 spec.nodeName?)",
+                api.server(),
+                p.node
+            )),
+            Err(e) => {
+                let stop = matches!(
+                    e,
+                    ApiError::Status {
+                        code: 401 | 403,
+                        ..
                     }
-                    403 => {
-                        failed.push(format!(
-                            "PATCH {url}: HTTP 403: the service account may not patch nodes; \
-                             apply the opt-in ClusterRole busbw-node-labeler and its binding \
-                             (k8s/rbac-labeler, or `busbw k8s render --part labeler-rbac`) ({msg})"
-                        ));
-                        break;
-                    }
-                    404 => failed.push(format!(
-                        "PATCH {url}: HTTP 404: no node named {:?} (is NODE_NAME set from \
-                         spec.nodeName?)",
-                        p.node
-                    )),
-                    s => failed.push(format!("PATCH {url}: HTTP {s}: {msg}")),
+                );
+                failed.push(api.explain(&what, &e, true));
+                if stop {
+                    break;
                 }
             }
-            Err(e) => failed.push(e),
         }
     }
     if failed.is_empty() {
@@ -178,16 +178,6 @@ pub fn apply(
             failed.join("; ")
         ))
     }
-}
-
-/// The `message` of a Kubernetes Status body, else the body itself, shortened.
-fn api_message(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let msg = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| v["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| text.trim().to_string());
-    msg.chars().take(300).collect()
 }
 
 #[cfg(test)]

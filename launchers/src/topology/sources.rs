@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::hypernodes;
+use super::kube_api::{ApiError, KubeApi};
 use super::model::{is_placeholder, Labels};
 use super::presets::{
     Preset, OCI_GPU_MEMORY_FABRIC, OCI_HOST, OCI_ISLAND, OCI_LOCAL_BLOCK, OCI_NETWORK_BLOCK,
@@ -350,131 +351,55 @@ fn from_file(path: &Path, node: &str, so_far: &Labels) -> Result<(Labels, String
     })
 }
 
-pub(crate) fn k8s_base(
-    cfg: &SourceConfig,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, SourceError> {
-    if let Some(u) = &cfg.k8s_url {
-        return Ok(u.trim_end_matches('/').to_string());
-    }
-    match (
-        lookup("KUBERNETES_SERVICE_HOST"),
-        lookup("KUBERNETES_SERVICE_PORT"),
-    ) {
-        (Some(h), Some(p)) => {
-            let h = if h.contains(':') { format!("[{h}]") } else { h };
-            Ok(format!("https://{h}:{p}"))
-        }
-        _ => Err(err(
-            "k8s",
-            "not in a pod (KUBERNETES_SERVICE_HOST is unset): give --topology-k8s-url",
-        )),
-    }
-}
-
-/// Percent-encoding for a path segment (node names are DNS names, but be safe).
-pub(crate) fn path_segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// GET `url` with the service-account token (if there is one) and its CA.
-fn k8s_get(cfg: &SourceConfig, url: &str) -> Result<http::Response, SourceError> {
-    k8s_request(cfg, "GET", url, None).map_err(|e| err("k8s", e))
-}
-
-/// `method` on `url` with the service-account token (if there is one) and its CA.
-pub(crate) fn k8s_request(
-    cfg: &SourceConfig,
-    method: &str,
-    url: &str,
-    body: Option<http::Body>,
-) -> Result<http::Response, String> {
-    let token = std::fs::read_to_string(cfg.service_account_dir.join("token")).ok();
-    let auth = token.as_ref().map(|t| format!("Bearer {}", t.trim()));
-    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
-    let ca = cfg.service_account_dir.join("ca.crt");
-    let ca = ca.exists().then_some(ca.as_path());
-    http::request(method, url, &headers, body, ca, cfg.timeout).map_err(|e| e.to_string())
-}
-
-/// GET /api/v1/nodes/<node> with the service-account token, if there is one.
-fn from_k8s(
-    cfg: &SourceConfig,
-    node: &str,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Labels, String), SourceError> {
-    let base = k8s_base(cfg, lookup)?;
-    let url = format!("{base}/api/v1/nodes/{}", path_segment(node));
-    let r = k8s_get(cfg, &url)?;
-    match r.status {
-        200 => {}
-        401 | 403 => {
+/// This node's labels from the API server (RBAC: get nodes).
+fn from_k8s(api: &KubeApi, node: &str) -> Result<(Labels, String), SourceError> {
+    let what = format!("get nodes/{node}");
+    let v = match api.node(node) {
+        Ok(v) => v,
+        Err(ApiError::Status { code: 404, .. }) => {
             return Err(err(
                 "k8s",
                 format!(
-                    "GET {url}: HTTP {}: the service account may not read nodes; grant it \
-                     get on nodes (a ClusterRole), or use a node-labels file",
-                    r.status
+                    "{what}: HTTP 404 from {}: no node named {node:?} (is NODE_NAME set from \
+                     spec.nodeName?)",
+                    api.server()
                 ),
             ))
         }
-        404 => {
-            return Err(err(
-                "k8s",
-                format!("GET {url}: no node named {node:?} (is NODE_NAME set from spec.nodeName?)"),
-            ))
-        }
-        s => {
-            return Err(err(
-                "k8s",
-                format!(
-                    "GET {url}: HTTP {s}: {}",
-                    String::from_utf8_lossy(&r.body).trim()
-                ),
-            ))
-        }
-    }
-    let v: Value = serde_json::from_slice(&r.body)
-        .map_err(|e| err("k8s", format!("GET {url}: not JSON: {e}")))?;
-    let (_, labels) =
-        node_labels(&v).ok_or_else(|| err("k8s", format!("GET {url}: not a Node object")))?;
-    let note = format!("{} labels of node {node} from {base}", labels.len());
+        Err(e) => return Err(err("k8s", api.explain(&what, &e, false))),
+    };
+    let (_, labels) = node_labels(&v)
+        .ok_or_else(|| err("k8s", format!("{what}: the answer is not a Node object")))?;
+    let note = format!(
+        "{} labels of node {node} from {} as {}",
+        labels.len(),
+        api.server(),
+        api.identity
+    );
     Ok((labels, note))
 }
 
 /// The HyperNodes holding `node`, from the API server (RBAC: list `hypernodes` in
 /// `topology.volcano.sh`). No HyperNode API (Volcano without network topology) is a note.
 fn hypernodes_from_k8s(
-    cfg: &SourceConfig,
+    api: &KubeApi,
     node: &str,
     node_labels: &Labels,
-    lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Labels, String), SourceError> {
-    let base = k8s_base(cfg, lookup)?;
-    let url = format!("{base}/apis/topology.volcano.sh/v1alpha1/hypernodes");
-    let r = k8s_get(cfg, &url)?;
-    match r.status {
-        200 => {}
-        404 => return Ok((Labels::new(), format!("no HyperNode API at {url}"))),
-        s => {
-            return Err(err(
-                "k8s",
+    let what = "list hypernodes.topology.volcano.sh";
+    let doc = match api.hypernodes() {
+        Ok(Some(doc)) => doc,
+        Ok(None) => {
+            return Ok((
+                Labels::new(),
                 format!(
-                    "GET {url}: HTTP {s}: listing HyperNodes needs RBAC list on hypernodes.topology.volcano.sh"
+                    "no HyperNode API (topology.volcano.sh/v1alpha1) at {}",
+                    api.server()
                 ),
             ))
         }
-    }
-    let doc: Value = serde_json::from_slice(&r.body)
-        .map_err(|e| err("k8s", format!("GET {url}: not JSON: {e}")))?;
+        Err(e) => return Err(err("k8s", api.explain(what, &e, false))),
+    };
     let (l, notes) = hypernodes::node_tiers(&doc, node, node_labels).map_err(|e| err("k8s", e))?;
     let mut note = format!("{node} is in {} HyperNode tiers", l.len());
     for n in notes {
@@ -579,9 +504,10 @@ pub fn gather(
                 from_file(path, node, &g.labels)?
             }
             Source::K8s => {
-                let (mut l, mut n) = from_k8s(cfg, node, lookup)?;
+                let api = KubeApi::connect(cfg, lookup).map_err(|e| err("k8s", e))?;
+                let (mut l, mut n) = from_k8s(&api, node)?;
                 if *preset == Preset::Volcano {
-                    let (h, hn) = hypernodes_from_k8s(cfg, node, &l, lookup)?;
+                    let (h, hn) = hypernodes_from_k8s(&api, node, &l)?;
                     merge(&mut l, h);
                     n = format!("{n}; {hn}");
                 }
@@ -773,64 +699,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    fn sa_dir(token: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("busbw-sa-{}-{}", std::process::id(), token.len()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("token"), format!("{token}\n")).unwrap();
-        dir
-    }
-
-    #[test]
-    fn k8s_source_gets_its_own_node() {
-        let node = r#"{"kind":"Node","metadata":{"name":"gpu-a","labels":{"cloud.google.com/gce-topology-block":"blk1","cloud.google.com/gce-topology-subblock":"sb2"}}}"#;
-        let (url, rx) = serve(200, node, true);
-        let cfg = SourceConfig {
-            sources: vec![Source::K8s],
-            k8s_url: Some(format!("{url}/")),
-            service_account_dir: sa_dir("tok-123"),
-            ..SourceConfig::default()
-        };
-        let g = gather(&cfg, &Preset::Gke, "gpu-a", &env(&[])).unwrap();
-        assert_eq!(g.labels["cloud.google.com/gce-topology-subblock"], "sb2");
-        let req = rx.recv().unwrap();
-        assert_eq!(req[0], "GET /api/v1/nodes/gpu-a HTTP/1.1");
-        assert!(
-            req.iter().any(|l| l == "Authorization: Bearer tok-123"),
-            "{req:?}"
-        );
-
-        let (url, _rx) = serve(403, r#"{"reason":"Forbidden"}"#, false);
-        let cfg = SourceConfig {
-            k8s_url: Some(url),
-            ..cfg
-        };
-        let e = gather(&cfg, &Preset::Gke, "gpu-a", &env(&[])).unwrap_err();
-        assert!(
-            e.to_string().contains("403") && e.to_string().contains("nodes"),
-            "{e}"
-        );
-
-        // Outside a pod with no URL: say so.
-        let cfg = SourceConfig {
-            k8s_url: None,
-            ..cfg
-        };
-        let e = gather(&cfg, &Preset::Gke, "gpu-a", &env(&[])).unwrap_err();
-        assert!(e.to_string().contains("KUBERNETES_SERVICE_HOST"), "{e}");
-        assert_eq!(
-            k8s_base(
-                &cfg,
-                &env(&[
-                    ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
-                    ("KUBERNETES_SERVICE_PORT", "443")
-                ])
-            )
-            .unwrap(),
-            "https://10.0.0.1:443"
-        );
-    }
-
     const HYPERNODES: &str = r#"{"kind":"List","items":[
       {"kind":"HyperNode","metadata":{"name":"leaf-a"},"spec":{"tier":1,"members":[
         {"type":"Node","selector":{"labelMatch":{"matchLabels":{"rack":"a"}}}}]}},
@@ -858,44 +726,7 @@ mod tests {
         assert_eq!(g.labels["topology.volcano.sh/tier-2"], "spine");
         assert!(g.notes[1].contains("2 HyperNode tiers"), "{:?}", g.notes);
         let _ = std::fs::remove_file(&path);
-
-        // API server: the node, then the HyperNodes.
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", l.local_addr().unwrap());
-        let node = r#"{"kind":"Node","metadata":{"name":"gpu-a","labels":{"rack":"a"}}}"#;
-        std::thread::spawn(move || {
-            for s in l.incoming().take(2) {
-                let mut s = s.unwrap();
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                let mut first = String::new();
-                r.read_line(&mut first).unwrap();
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
-                        break;
-                    }
-                }
-                let body = if first.contains("/hypernodes") {
-                    HYPERNODES
-                } else {
-                    node
-                };
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                s.write_all(resp.as_bytes()).unwrap();
-            }
-        });
-        let cfg = SourceConfig {
-            sources: vec![Source::K8s],
-            k8s_url: Some(base),
-            service_account_dir: std::env::temp_dir().join("busbw-no-such-sa"),
-            ..SourceConfig::default()
-        };
-        let g = gather(&cfg, &Preset::Volcano, "gpu-a", &env(&[])).unwrap();
-        assert_eq!(g.labels["topology.volcano.sh/tier-1"], "leaf-a", "{g:?}");
-        assert_eq!(g.labels["rack"], "a");
+        // Through the API server: tests/kube.rs.
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! `--export-junit`: JUnit XML for CI systems that chart test results. One test case per row
 //! (failing when a placement has wrong elements), one for the bandwidth gate when there is
 //! one, and one per tier verdict.
+//!
+//! Written by hand: a flat document of four element kinds, whose only hazard is escaping
+//! (`xml_escape`: markup characters, line breaks kept in attributes, XML 1.0's forbidden
+//! characters dropped). An XML writer crate would replace a few `writeln!` lines with its
+//! builder calls and still leave the content rules to us; a strict parser (roxmltree, in the
+//! tests) checks the result instead.
 
 use super::{human_bytes, xml_escape};
 use crate::run::RunRecord;
@@ -167,5 +173,40 @@ mod tests {
         // Rows, two tiers, the fabric verdict.
         assert_eq!(x.matches("<testcase ").count(), 5);
         assert!(x.contains("name=\"1 KiB root -1 ring\""), "{x}");
+    }
+
+    /// A strict XML parser reads what CI systems will: every case, the counts, and a failure
+    /// message with markup characters, line breaks and a control character intact (less the
+    /// control character, which XML cannot carry).
+    #[test]
+    fn a_strict_parser_reads_it_back() {
+        let mut run = sample::run_with_tiers();
+        run.rows[0].in_place.wrong = Some(1);
+        let error = "rank 3 on \"gpu<7>\" & co: lost\nline two\u{1b}[0m\tend";
+        run.summary.as_mut().unwrap().error = Some(error.into());
+        let x = render(&run);
+        let doc = roxmltree::Document::parse(&x).unwrap_or_else(|e| panic!("{e}\n{x}"));
+        let suite = doc
+            .descendants()
+            .find(|n| n.has_tag_name("testsuite"))
+            .unwrap();
+        let cases: Vec<_> = suite
+            .children()
+            .filter(|n| n.has_tag_name("testcase"))
+            .collect();
+        assert_eq!(suite.attribute("tests"), Some(&*cases.len().to_string()));
+        let failures: Vec<&str> = cases
+            .iter()
+            .filter_map(|c| c.children().find(|n| n.has_tag_name("failure")))
+            .filter_map(|f| f.attribute("message"))
+            .collect();
+        assert_eq!(
+            suite.attribute("failures"),
+            Some(&*failures.len().to_string())
+        );
+        assert!(
+            failures.contains(&"rank 3 on \"gpu<7>\" & co: lost\nline two[0m\tend"),
+            "{failures:?}"
+        );
     }
 }

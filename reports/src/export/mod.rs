@@ -202,7 +202,10 @@ impl Sink for ExportSink {
     }
 }
 
-/// Escapes text for XML and HTML content and attribute values.
+/// Escapes text for XML and HTML content and attribute values. Line breaks and tabs become
+/// character references, which an attribute value keeps (a literal one is normalized to a
+/// space by every XML parser: a JUnit failure message would lose its lines); characters XML
+/// 1.0 does not allow at all (other C0 controls, U+FFFE, U+FFFF) are dropped.
 pub(crate) fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -212,7 +215,10 @@ pub(crate) fn xml_escape(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
-            c if (c as u32) < 0x20 && !matches!(c, '\n' | '\t' | '\r') => {}
+            '\n' => out.push_str("&#10;"),
+            '\r' => out.push_str("&#13;"),
+            '\t' => out.push_str("&#9;"),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => {}
             c => out.push(c),
         }
     }

@@ -1,6 +1,11 @@
 //! `--export-prometheus FILE`: Prometheus text exposition (format 0.0.4) for the node-exporter
 //! textfile collector, which reads `*.prom` files whole: hence the atomic rename.
 //!
+//! Written by hand: nine gauge families in a line format with one escaping rule for label
+//! values; prometheus-client would add a registry and an encoder for one render per run, and
+//! the text would be the same. Real consumers check it: a Pushgateway, the node exporter's
+//! textfile collector and Prometheus itself, in bench/tests/services.rs.
+//!
 //! Units are Prometheus base units (seconds, bytes per second). Every sample carries `job` and
 //! `host` (rank 0's host) so one collector directory can hold several benchmarks; rows of the
 //! whole job have `tier="world"`, tier results their tier's name.

@@ -59,7 +59,8 @@ impl ShmSendComm {
                     if free == 0 {
                         self.stalls = self.stalls.wrapping_add(1);
                         if self.hangup
-                            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()))
+                            || (self.stalls.is_multiple_of(LIVENESS_EVERY)
+                                && hung_up(self.sock.as_raw_fd()))
                         {
                             return Err(TransportError::PeerClosed { peer });
                         }
@@ -96,7 +97,8 @@ impl ShmSendComm {
                     if self.cma_acked < seq {
                         self.stalls = self.stalls.wrapping_add(1);
                         if self.hangup
-                            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()))
+                            || (self.stalls.is_multiple_of(LIVENESS_EVERY)
+                                && hung_up(self.sock.as_raw_fd()))
                         {
                             return Err(TransportError::PeerClosed { peer });
                         }
@@ -241,7 +243,7 @@ impl ShmInbound {
         self.stalls = self.stalls.wrapping_add(1);
         let gone = ctl.sender_closed.load(Ordering::Acquire) != 0
             || self.hangup
-            || (self.stalls % LIVENESS_EVERY == 0 && hung_up(self.sock.as_raw_fd()));
+            || (self.stalls.is_multiple_of(LIVENESS_EVERY) && hung_up(self.sock.as_raw_fd()));
         if gone {
             // The sender's last writes happen before its flag (or its exit): if the counter
             // did not move since we looked, nothing more is coming.

@@ -71,7 +71,7 @@ impl HcaFilter {
         } else {
             device.starts_with(&e.name)
         };
-        name_ok && e.port.map_or(true, |p| p == port)
+        name_ok && e.port.is_none_or(|p| p == port)
     }
 
     /// Whether `device` port `port` may be used.

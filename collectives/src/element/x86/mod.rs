@@ -32,7 +32,10 @@ mod avx2;
 #[cfg(busbw_avx512)]
 mod avx512;
 mod codec;
+// The FP16 intrinsics are stable from Rust 1.94, after the workspace's minimum: build.rs
+// compiles this module only where the compiler building it has them.
 #[cfg(busbw_avx512fp16)]
+#[allow(clippy::incompatible_msrv)]
 mod fp16;
 
 use super::simd::Simd;
