@@ -47,12 +47,8 @@ pub fn header<'a>(head: &'a [String], name: &str) -> Option<&'a str> {
     })
 }
 
-/// Reads one request from `s`; `reply` makes the whole answer from it.
-pub fn exchange(
-    s: &mut (impl Read + Write),
-    reply: impl FnOnce(&Seen) -> Vec<u8>,
-) -> std::io::Result<Seen> {
-    let mut r = BufReader::new(&mut *s);
+/// Reads one request (head and a `Content-Length` body) from `r`.
+fn read_request(r: &mut impl BufRead) -> std::io::Result<Seen> {
     let mut head = Vec::new();
     let mut len = 0;
     loop {
@@ -67,10 +63,29 @@ pub fn exchange(
     }
     let mut body = vec![0; len];
     r.read_exact(&mut body)?;
-    let seen = (head, body);
-    s.write_all(&reply(&seen))?;
+    Ok((head, body))
+}
+
+/// Reads one request from `s`, hands it to `seen` (before answering: a client that has its
+/// answer finds the request already recorded), and answers what `reply` makes of it.
+fn exchange_with(
+    s: &mut (impl Read + Write),
+    reply: impl FnOnce(&Seen) -> Vec<u8>,
+    seen: impl FnOnce(&Seen),
+) -> std::io::Result<Seen> {
+    let request = read_request(&mut BufReader::new(&mut *s))?;
+    seen(&request);
+    s.write_all(&reply(&request))?;
     s.flush()?;
-    Ok(seen)
+    Ok(request)
+}
+
+/// Reads one request from `s`; `reply` makes the whole answer from it.
+pub fn exchange(
+    s: &mut (impl Read + Write),
+    reply: impl FnOnce(&Seen) -> Vec<u8>,
+) -> std::io::Result<Seen> {
+    exchange_with(s, reply, |_| {})
 }
 
 /// A one-request plain http server answering `reply`.
@@ -112,7 +127,7 @@ pub fn serve_https(pki: &Pki, reply: Vec<u8>) -> (u16, JoinHandle<std::io::Resul
 
 /// A server for as many requests as come, one per connection (`https` with `pki`'s
 /// certificate when given), answering each with `respond(request)`; every request (or TLS
-/// failure, as an `Err`) comes back through the channel.
+/// failure, as an `Err`) comes back through the channel, before its answer is sent.
 pub fn serve_many(
     pki: Option<&Pki>,
     respond: impl Fn(&Seen) -> Vec<u8> + Send + 'static,
@@ -124,14 +139,24 @@ pub fn serve_many(
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
-            let seen = match &config {
+            let mut recorded = false;
+            let record = |r: &Seen| {
+                recorded = true;
+                let _ = tx.send(Ok(r.clone()));
+            };
+            let done = match &config {
                 Some(c) => rustls::ServerConnection::new(c.clone())
                     .map_err(std::io::Error::other)
-                    .and_then(|conn| exchange(&mut rustls::StreamOwned::new(conn, s), &respond)),
-                None => exchange(&mut s, &respond),
+                    .and_then(|conn| {
+                        exchange_with(&mut rustls::StreamOwned::new(conn, s), &respond, record)
+                    }),
+                None => exchange_with(&mut s, &respond, record),
             };
-            if tx.send(seen).is_err() {
-                return;
+            // A failure before a request was read (a refused handshake) is recorded too.
+            if let (Err(e), false) = (done, recorded) {
+                if tx.send(Err(e)).is_err() {
+                    return;
+                }
             }
         }
     });
