@@ -262,6 +262,8 @@ impl CostModel {
 /// with three, one burst of load from elsewhere across two of them picked recursive doubling
 /// at 2 MiB over TCP (twice the ring's time) for a whole run.
 const LARGE_BYTES: usize = 2 << 20;
+/// Bytes the probes rotate over: the harness's default rotation window.
+const WINDOW: usize = 8 << 20;
 fn reps_for(bytes: usize) -> usize {
     match bytes {
         b if b <= 16 << 10 => 25,
@@ -289,18 +291,23 @@ fn reps_within_budget(bytes: usize, round_secs: f64) -> usize {
     fit.clamp(MIN_REPS, most)
 }
 
-/// Seconds of one AllReduce of `bytes` (float sum, in place) with `algo`; infinite when
-/// another algorithm ran in its place.
+/// Seconds of one AllReduce of `bytes` (float sum, out of place, at offset `at` of both
+/// buffers) with `algo`; infinite when another algorithm ran in its place.
 fn time_one(
     comm: &mut Communicator,
-    buf: &mut HostBuffer,
+    bufs: &mut (HostBuffer, HostBuffer),
     algo: Algo,
     bytes: usize,
+    at: usize,
 ) -> Result<f64, CommError> {
+    let (send, recv) = bufs;
     let t0 = Instant::now();
     let ran = all_reduce_with(
         comm,
-        Data::in_place(&mut buf.as_mut_slice()[..bytes]),
+        Data::out_of_place(
+            &send.as_slice()[at..at + bytes],
+            &mut recv.as_mut_slice()[at..at + bytes],
+        ),
         bytes / 4,
         DataType::Float32,
         ReduceOp::Sum,
@@ -332,12 +339,20 @@ fn low_quartile(mut v: Vec<f64>) -> f64 {
 pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
     let n = comm.size();
     // Zeroed input: sums stay 0, no denormals or infinities slow the float adds. Shared, as
-    // the harness's buffers are, so that the direct AllReduce is timed as it will run.
-    let mut buf = HostBuffer::shared(LARGE_BYTES).ok_or(CommError::OutOfMemory {
-        rank: comm.rank(),
-        bytes: LARGE_BYTES,
-        what: "calibration buffer",
-    })?;
+    // the harness's buffers are, so that the direct AllReduce is timed as it will run. Out of
+    // place, as the table's first columns, and each repetition in the next `bytes`-sized slot
+    // of WINDOW-byte buffers, as the timed loop rotates over its window: data from memory, not
+    // from a core's cache. Probing one slot in place over and over timed a case the harness
+    // never runs, and the choices it made measured differently alone and inside a sweep (TCP,
+    // two ranks, 2 MiB: 1.37x inside; 0.98x with these probes; BENCHMARKS.md).
+    let shared = || {
+        HostBuffer::shared(WINDOW).ok_or(CommError::OutOfMemory {
+            rank: comm.rank(),
+            bytes: WINDOW,
+            what: "calibration buffer",
+        })
+    };
+    let mut buf = (shared()?, shared()?);
     let small = (4 * n.max(256)).min(LARGE_BYTES);
     let probes = [
         small,
@@ -360,7 +375,9 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
                     }
                     continue;
                 }
-                let t = time_one(comm, &mut buf, PROBED[a], bytes)?;
+                let slots = (WINDOW / bytes).max(1);
+                let at = (rep * PROBED.len() + k) % slots * bytes;
+                let t = time_one(comm, &mut buf, PROBED[a], bytes, at)?;
                 if rep > 0 {
                     samples[a * probes.len() + p].push(t);
                 }
