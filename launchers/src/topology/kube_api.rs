@@ -206,6 +206,27 @@ impl KubeApi {
     }
 }
 
+impl KubeApi {
+    /// [`KubeApi::explain`] for a call on node `node`, whose 404 means the pod named the
+    /// wrong node.
+    pub(crate) fn explain_node(
+        &self,
+        what: &str,
+        node: &str,
+        e: &ApiError,
+        labeler: bool,
+    ) -> String {
+        match e {
+            ApiError::Status { code: 404, .. } => format!(
+                "{what}: HTTP 404 from {}: no node named {node:?} (is NODE_NAME set from \
+                 spec.nodeName?)",
+                self.server
+            ),
+            e => self.explain(what, e, labeler),
+        }
+    }
+}
+
 fn api_error(e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(s) => ApiError::Status {

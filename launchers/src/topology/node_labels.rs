@@ -147,12 +147,6 @@ pub fn apply(
         let verb = if p.set { "labelled" } else { "unlabelled" };
         match api.patch_node(&p.node, &body) {
             Ok(()) => done.push(format!("{verb} node {}", p.node)),
-            Err(ApiError::Status { code: 404, .. }) => failed.push(format!(
-                "{what}: HTTP 404 from {}: no node named {:?} (is NODE_NAME set from \
-                 spec.nodeName?)",
-                api.server(),
-                p.node
-            )),
             Err(e) => {
                 let stop = matches!(
                     e,
@@ -161,7 +155,7 @@ pub fn apply(
                         ..
                     }
                 );
-                failed.push(api.explain(&what, &e, true));
+                failed.push(api.explain_node(&what, &p.node, &e, true));
                 if stop {
                     break;
                 }

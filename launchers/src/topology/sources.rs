@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::hypernodes;
-use super::kube_api::{ApiError, KubeApi};
+use super::kube_api::KubeApi;
 use super::model::{is_placeholder, Labels};
 use super::presets::{
     Preset, OCI_GPU_MEMORY_FABRIC, OCI_HOST, OCI_ISLAND, OCI_LOCAL_BLOCK, OCI_NETWORK_BLOCK,
@@ -356,17 +356,7 @@ fn from_k8s(api: &KubeApi, node: &str) -> Result<(Labels, String), SourceError> 
     let what = format!("get nodes/{node}");
     let v = match api.node(node) {
         Ok(v) => v,
-        Err(ApiError::Status { code: 404, .. }) => {
-            return Err(err(
-                "k8s",
-                format!(
-                    "{what}: HTTP 404 from {}: no node named {node:?} (is NODE_NAME set from \
-                     spec.nodeName?)",
-                    api.server()
-                ),
-            ))
-        }
-        Err(e) => return Err(err("k8s", api.explain(&what, &e, false))),
+        Err(e) => return Err(err("k8s", api.explain_node(&what, node, &e, false))),
     };
     let (_, labels) = node_labels(&v)
         .ok_or_else(|| err("k8s", format!("{what}: the answer is not a Node object")))?;
