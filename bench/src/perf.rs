@@ -168,6 +168,15 @@ fn own_exe() -> Result<std::path::PathBuf, i32> {
     })
 }
 
+/// What busbw's exit codes mean to the local launcher: 7 is a verdict every rank reaches, 3
+/// a rank's echo of another's failure.
+fn exit_codes() -> local::ExitCodes {
+    local::ExitCodes {
+        outcome: vec![exit::WRONG_RESULTS],
+        echo: vec![exit::PEER_FAILURE],
+    }
+}
+
 fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
     let exe = match own_exe() {
         Ok(e) => e,
@@ -178,7 +187,7 @@ fn launch_local(np: usize, plan: &Plan, token: Option<&str>) -> i32 {
         exe,
         args: crate::cli::argv()[1..].to_vec(),
         grace: plan.timeout,
-        outcome_codes: vec![exit::WRONG_RESULTS],
+        codes: exit_codes(),
         ranks_per_process: plan.ranks_per_process(),
     };
     // Without a token of the user's, a fresh random one: the ranks' loopback ports and shared
@@ -206,7 +215,7 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
         &exe,
         &args,
         plan.timeout,
-        &[exit::WRONG_RESULTS],
+        &exit_codes(),
         token,
         plan.ranks_per_process(),
     ) {
@@ -517,6 +526,32 @@ pub fn split_groups(split: Split, n: usize, per_process: usize) -> Vec<(usize, V
     groups
 }
 
+/// One line per distinct objection: as it was said when every rank said it, else prefixed
+/// with the ranks that said it.
+fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
+    let mut by_text: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (rank, text) in objections {
+        match by_text.iter_mut().find(|(t, _)| t == text) {
+            Some((_, ranks)) => ranks.push(*rank),
+            None => by_text.push((text, vec![*rank])),
+        }
+    }
+    by_text
+        .into_iter()
+        .map(|(text, ranks)| {
+            if ranks.len() == size {
+                text.to_string()
+            } else {
+                let who = match ranks.as_slice() {
+                    [r] => format!("rank {r}"),
+                    _ => format!("ranks {}", busbw_launchers::rendezvous::fold_ranges(&ranks)),
+                };
+                format!("{who}: {text}")
+            }
+        })
+        .collect()
+}
+
 /// This rank's split group: its index among the groups, its color and its members.
 struct SplitGroup {
     index: usize,
@@ -559,9 +594,15 @@ fn sweep(
     } else {
         Ok(())
     };
-    if let Err(msg) = ranks_ok.and_then(|()| plan.roots(n).map(|_| ())) {
+    // Each rank judges its own group; all learn every verdict, so none leaves while another
+    // still waits for it (which would turn a usage error into a peer failure).
+    let mine = ranks_ok.and_then(|()| plan.roots(n).map(|_| ())).err();
+    let objections = session.objections(mine.as_deref(), plan.timeout)?;
+    if !objections.is_empty() {
         if rank0 {
-            eprintln!("busbw: error: {msg}");
+            for line in usage_lines(&objections, session.comm.size()) {
+                eprintln!("busbw: error: {line}");
+            }
         }
         session.finish()?;
         return Ok(exit::USAGE);
@@ -802,6 +843,22 @@ pub fn footer(plan: &Plan, summary: &harness::Summary) -> Footer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_lines_name_the_ranks_only_when_not_all_said_it() {
+        let all: Vec<(usize, String)> = (0..3).map(|r| (r, "too small".into())).collect();
+        assert_eq!(usage_lines(&all, 3), ["too small"]);
+        let some = [
+            (4, "4 ranks, matrix 3".to_string()),
+            (5, "4 ranks, matrix 3".to_string()),
+            (6, "4 ranks, matrix 3".to_string()),
+            (9, "root 5".to_string()),
+        ];
+        assert_eq!(
+            usage_lines(&some, 10),
+            ["ranks 4-6: 4 ranks, matrix 3", "rank 9: root 5"]
+        );
+    }
 
     #[test]
     fn split_groups_color_processes_not_ranks() {

@@ -278,6 +278,22 @@ impl Session {
         Ok(())
     }
 
+    /// Every rank's objection to running the sweep (`mine` is this rank's), the same list on
+    /// every rank: see [`Bootstrap::objections`]. Without a store, this rank's alone.
+    pub fn objections(
+        &self,
+        mine: Option<&str>,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<(usize, String)>> {
+        let (rank, size) = (self.comm.rank(), self.comm.size());
+        match &self.rdv {
+            Some(r) => Ok(Bootstrap::new(r.store.clone(), rank, size, timeout)
+                .objections("usage", mine)
+                .context("agreeing whether every rank can run the sweep")?),
+            None => Ok(mine.map(|m| (rank, m.to_string())).into_iter().collect()),
+        }
+    }
+
     /// Check out of the job (rank 0 keeps serving the store until everyone has).
     pub fn finish(&self) -> Result<()> {
         if let Some(r) = &self.rdv {

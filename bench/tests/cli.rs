@@ -1541,23 +1541,37 @@ fn alltoallv_runs_generated_and_matrix_patterns_validated() {
         summary[3].starts_with("#   rank=2 send_bytes=64992 recv_bytes=42480 alg_bw="),
         "{stdout}"
     );
-    let out = busbw()
-        .env("NCCL_TESTS_ALLTOALLV_MATRIX_FILE", &matrix)
-        .args([
-            "alltoallv_perf",
-            "--np",
-            "4",
-            "-b",
-            "64K",
-            "-e",
-            "64K",
-            "-n",
-            "1",
-        ])
-        .output()
-        .expect("run busbw");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("the job has 4 ranks but the matrix is 3×3"));
+    // Too small a matrix: a usage error on every rank, stated once by rank 0; never "stopping
+    // because" (a rank leaving before rank 0 said it used to make the job a peer failure).
+    let too_small = |np: &str, split: Option<&str>| {
+        let mut cmd = busbw();
+        if let Some(s) = split {
+            cmd.env("NCCL_TESTS_SPLIT", s);
+        }
+        let out = cmd
+            .env("NCCL_TESTS_ALLTOALLV_MATRIX_FILE", &matrix)
+            .args(["alltoallv_perf", "--np", np, "-b", "64K", "-e", "64K"])
+            .args(["-n", "1"])
+            .output()
+            .expect("run busbw");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(!stderr.contains("stopping because"), "{stderr}");
+        stderr
+    };
+    let stderr = too_small("4", None);
+    assert!(
+        stderr.contains("error: NCCL_TESTS_ALLTOALLV_MATRIX_FILE=")
+            && stderr.contains("the job has 4 ranks but the matrix is 3×3"),
+        "{stderr}"
+    );
+    // Split in groups of 4 and 3: only the larger objects, yet every rank stops, and rank 0
+    // names who objected.
+    let stderr = too_small("7", Some("MOD2"));
+    assert!(
+        stderr.contains("error: ranks 0, 2, 4, 6: NCCL_TESTS_ALLTOALLV_MATRIX_FILE="),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -39,13 +39,23 @@ pub struct LocalLaunch {
     /// After a rank fails, how long the others get to notice the abort and exit by themselves
     /// before they are killed (`-T`).
     pub grace: Duration,
-    /// Exit codes that are a finished run's verdict rather than a failure (busbw's 7, "wrong
-    /// results"): every rank reaches them together, so they neither abort the others nor get
-    /// a line of their own on stderr.
-    pub outcome_codes: Vec<i32>,
+    /// What the ranks' exit codes mean to the launcher.
+    pub codes: ExitCodes,
     /// Ranks each child hosts (busbw's `-t × -g`, 1 otherwise): with several, the launcher
     /// names a child by the ranks it hosts, the numbers the ranks' own messages use.
     pub ranks_per_process: usize,
+}
+
+/// The ranks' exit codes the launcher treats specially; any other non-zero code is a failure.
+#[derive(Clone, Debug, Default)]
+pub struct ExitCodes {
+    /// A finished run's verdict rather than a failure (busbw's 7, "wrong results"): every
+    /// rank reaches them together, so they neither abort the others nor get a line of their
+    /// own on stderr.
+    pub outcome: Vec<i32>,
+    /// What a rank returns when it stopped because another failed (busbw's 3): an echo of the
+    /// failure, not its cause, so it is the job's code only when no rank gave a cause.
+    pub echo: Vec<i32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,9 +94,10 @@ pub fn run(l: &LocalLaunch) -> Result<i32, LaunchError> {
 }
 
 /// Run `l.np` ranks on loopback and return the job's exit code: 0 if every rank succeeded,
-/// else the worst rank's code (death by signal N counting as 128+N, as shells report it).
-/// Ranks the launcher itself killed after the grace period do not count: their death is a
-/// consequence of the failure already being reported.
+/// else the code of the first rank that failed of its own accord (death by signal N counting
+/// as 128+N, as shells report it), else the worst outcome. Ranks the launcher itself killed
+/// after the grace period do not count: their death is a consequence of the failure already
+/// being reported.
 ///
 /// The launcher binds the store's port before any rank starts and hands the listening socket
 /// to rank 0, so the port cannot be taken in between and early clients queue in the kernel
@@ -106,14 +117,14 @@ pub fn run_with_token(l: &LocalLaunch, token: Option<&str>) -> Result<i32, Launc
         &l.exe,
         &l.args,
         l.grace,
-        &l.outcome_codes,
+        &l.codes,
         token,
         l.ranks_per_process,
     )
 }
 
 /// `--nproc-per-node g`: run this pod's `g` ranks of a job whose pods `pod` describes (one
-/// entry per pod, as a cluster launcher sees it) and return the worst exit code, like
+/// entry per pod, as a cluster launcher sees it) and return the job's exit code, like
 /// [`run`].
 ///
 /// Each child gets the torchrun variables of [`expand`]`(pod, g, i)`, `BUSBW_LAUNCHED=1` and,
@@ -133,7 +144,7 @@ pub fn run_pod(
     exe: &Path,
     args: &[OsString],
     grace: Duration,
-    outcome_codes: &[i32],
+    codes: &ExitCodes,
     token: Option<&str>,
     ranks_per_process: usize,
 ) -> Result<i32, LaunchError> {
@@ -160,7 +171,7 @@ pub fn run_pod(
         exe,
         args,
         grace,
-        outcome_codes,
+        codes,
         token,
         ranks_per_process,
     )
@@ -192,7 +203,7 @@ fn supervise(
     exe: &Path,
     args: &[OsString],
     grace: Duration,
-    outcome_codes: &[i32],
+    codes: &ExitCodes,
     token: Option<&str>,
     ranks_per_process: usize,
 ) -> Result<i32, LaunchError> {
@@ -293,6 +304,8 @@ fn supervise(
 
     let mut kill_at: Option<(Instant, usize)> = None;
     let mut forwarded = None;
+    // The failures' codes in the order the launcher saw them: the first is the culprit's.
+    let mut failures: Vec<i32> = Vec::new();
     loop {
         if let (Some(sig), None) = (crate::signal::received(), forwarded) {
             // An eviction reaches the launcher (PID 1 of the pod) only: pass it on so each
@@ -314,12 +327,13 @@ fn supervise(
                 continue;
             };
             p.status = Some(status);
-            if status.success() || status.code().is_some_and(|c| outcome_codes.contains(&c)) {
+            if status.success() || status.code().is_some_and(|c| codes.outcome.contains(&c)) {
                 continue;
             }
             if forwarded.is_some() {
                 continue; // stopping on our signal, as asked: not a failure to report
             }
+            failures.push(exit_code(status));
             let what = describe(&name(p.rank), p.pid, status);
             eprintln!("busbw: {what}");
             if kill_at.is_none() {
@@ -381,12 +395,25 @@ fn supervise(
     if let Some(sig) = forwarded {
         return Ok(crate::signal::exit_code(sig));
     }
-    Ok(procs
+    let finished: Vec<i32> = procs
         .iter()
         .filter(|p| !p.killed)
         .filter_map(|p| p.status.map(exit_code))
-        .max()
-        .unwrap_or(0))
+        .collect();
+    Ok(job_code(&failures, &finished, &codes.echo))
+}
+
+/// The job's exit code: the first failure that is a cause, not an echo (a rank that stopped
+/// because another failed exits 3 while the culprit's own code says what happened: 2 for a
+/// usage error, 1, 137, ...); else the first echo; else the worst of the finished ranks'
+/// codes (0, or an outcome such as 7).
+fn job_code(failures: &[i32], finished: &[i32], echo: &[i32]) -> i32 {
+    failures
+        .iter()
+        .find(|c| !echo.contains(c))
+        .or_else(|| failures.first())
+        .copied()
+        .unwrap_or_else(|| finished.iter().copied().max().unwrap_or(0))
 }
 
 /// Deliver the failure to the surviving ranks through the store. Best effort: if it cannot be
@@ -496,6 +523,19 @@ mod tests {
         let mut out = Vec::new();
         prefix_lines(&b""[..], "[rank 0] ", &mut out).unwrap();
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn the_first_cause_is_the_jobs_code() {
+        let echo = [3];
+        assert_eq!(job_code(&[3, 2, 3], &[3, 2, 3], &echo), 2);
+        assert_eq!(job_code(&[137, 3], &[137, 3, 3], &echo), 137);
+        assert_eq!(job_code(&[1, 4], &[1, 4], &echo), 1);
+        assert_eq!(job_code(&[3, 3], &[3, 3], &echo), 3);
+        assert_eq!(job_code(&[], &[0, 7, 7], &echo), 7);
+        assert_eq!(job_code(&[], &[], &echo), 0);
+        // Without echoes declared, the first failure seen.
+        assert_eq!(job_code(&[3, 2], &[3, 2], &[]), 3);
     }
 
     #[test]

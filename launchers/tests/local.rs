@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use busbw_launchers::local::{run, run_pod, run_with_token, LaunchError, LocalLaunch};
+use busbw_launchers::local::{run, run_pod, run_with_token, ExitCodes, LaunchError, LocalLaunch};
 use busbw_launchers::{rendezvous, Store, TcpStoreClient, TcpStoreServer, World};
 use busbw_transports::Abort;
 
@@ -15,17 +15,30 @@ fn sh(np: usize, script: &str, grace: Duration) -> LocalLaunch {
         exe: PathBuf::from("/bin/sh"),
         args: vec!["-c".into(), script.into()],
         grace,
-        outcome_codes: vec![],
+        codes: ExitCodes::default(),
         ranks_per_process: 1,
     }
 }
 
 #[test]
-fn worst_exit_code_wins() {
-    assert_eq!(
-        run(&sh(3, "exit $RANK", Duration::from_secs(5))).unwrap(),
-        2
+fn the_culprits_exit_code_wins_over_the_echoes() {
+    // Rank 1 fails with its own cause; the others stop later because of it (busbw's 3).
+    let script = r#"[ "$RANK" = 1 ] && exit 2; sleep 0.5; exit 3"#;
+    let mut l = sh(3, script, Duration::from_secs(5));
+    l.codes.echo = vec![3];
+    assert_eq!(run(&l).unwrap(), 2);
+    // Echoes alone (the cause was elsewhere): the echo.
+    let mut l = sh(2, "exit 3", Duration::from_secs(5));
+    l.codes.echo = vec![3];
+    assert_eq!(run(&l).unwrap(), 3);
+    // A verdict every rank reached is not a failure, but it is the job's code.
+    let mut l = sh(
+        3,
+        r#"[ "$RANK" = 0 ] && exit 0; exit 7"#,
+        Duration::from_secs(5),
     );
+    l.codes.outcome = vec![7];
+    assert_eq!(run(&l).unwrap(), 7);
     assert_eq!(run(&sh(2, "exit 0", Duration::from_secs(5))).unwrap(), 0);
 }
 
@@ -89,7 +102,7 @@ fn a_pods_children_get_the_expanded_world() {
         &PathBuf::from("/bin/sh"),
         &sh_args(&script),
         Duration::from_secs(5),
-        &[],
+        &ExitCodes::default(),
         Some("tok"),
         1,
     )
@@ -122,7 +135,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         &PathBuf::from("/bin/sh"),
         &sh_args(script),
         Duration::from_secs(5),
-        &[],
+        &ExitCodes::default(),
         None,
         1,
     )
@@ -135,7 +148,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         &PathBuf::from("/bin/sh"),
         &[],
         Duration::from_secs(1),
-        &[],
+        &ExitCodes::default(),
         None,
         1,
     )
@@ -147,7 +160,7 @@ fn a_pod_without_an_address_is_served_on_loopback() {
         &PathBuf::from("/bin/sh"),
         &[],
         Duration::from_secs(1),
-        &[],
+        &ExitCodes::default(),
         None,
         1,
     )
@@ -174,7 +187,7 @@ fn a_failing_child_is_posted_to_the_jobs_store_and_its_siblings_killed() {
         &PathBuf::from("/bin/sh"),
         &sh_args(script),
         Duration::from_millis(800),
-        &[],
+        &ExitCodes::default(),
         Some("tok"),
         1,
     )
@@ -228,7 +241,7 @@ fn bad_requests_are_clear_errors() {
         exe: PathBuf::from("/nonexistent/busbw-xyz"),
         args: vec![],
         grace: Duration::from_secs(1),
-        outcome_codes: vec![],
+        codes: ExitCodes::default(),
         ranks_per_process: 1,
     };
     let e = run(&l).unwrap_err();
@@ -308,7 +321,7 @@ fn a_failed_rank_is_broadcast_through_the_store() {
         exe: PathBuf::from("/usr/bin/env"),
         args,
         grace: Duration::from_secs(15),
-        outcome_codes: vec![],
+        codes: ExitCodes::default(),
         ranks_per_process: 1,
     };
     let start = Instant::now();

@@ -18,6 +18,8 @@
 //!    tree neighbours, which it computes from the node map), and any other peer's record
 //!    when it first connects to it ([`Directory::record`]).
 //! 4. [`Bootstrap::gather_root`]: what only rank 0 prints (device lines) goes to rank 0 only.
+//! 5. [`Bootstrap::objections`]: checks each rank makes against its part of the job, gathered
+//!    by rank 0 and published back, so that every rank stops (or goes on) together.
 //!
 //! Every wait is bounded and names who is missing: a rank that never published is
 //! "rank 5 never registered" on rank 0 and, through the store, on every rank that waits for
@@ -219,6 +221,44 @@ impl Bootstrap {
             .wait(&refs, self.timeout)
             .map_err(|e| named(e, prefix))?;
         Ok(Some(all))
+    }
+
+    /// Every rank's objection to going on, known to every rank: each publishes its own (or
+    /// none) under `prefix/<rank>`, rank 0 reads them all and publishes the ranks that
+    /// objected with what they said (`prefix/verdict`), which the others read. For checks a
+    /// rank makes against its part of the job (its group's size, its environment): every rank
+    /// learns the same answer, so they all stop together rather than some leaving while
+    /// others wait for them, and rank 0 can say what the others found.
+    pub fn objections(
+        &self,
+        prefix: &str,
+        mine: Option<&str>,
+    ) -> Result<Vec<(usize, String)>, BootstrapError> {
+        // A leading byte tells "no objection" from an empty one.
+        let value = match mine {
+            Some(m) => format!("!{m}"),
+            None => String::from("."),
+        };
+        self.publish(prefix, value.as_bytes())?;
+        let answer = format!("{prefix}/verdict");
+        if self.rank == 0 {
+            let all = self.root_wait(prefix, &answer)?;
+            let found: Vec<(usize, String)> = all
+                .iter()
+                .enumerate()
+                .filter_map(|(r, v)| {
+                    v.strip_prefix(b"!")
+                        .map(|m| (r, String::from_utf8_lossy(m).into_owned()))
+                })
+                .collect();
+            let text = serde_json::to_string(&found)
+                .map_err(|e| BootstrapError::Rank0(format!("encoding the objections: {e}")))?;
+            self.store.set(&answer, text.as_bytes())?;
+            return Ok(found);
+        }
+        let text = self.answer(&answer, prefix)?;
+        serde_json::from_slice(&text)
+            .map_err(|e| BootstrapError::Rank0(format!("malformed objections: {e}")))
     }
 
     fn publish(&self, prefix: &str, value: &[u8]) -> Result<(), BootstrapError> {

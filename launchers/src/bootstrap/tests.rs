@@ -202,6 +202,42 @@ fn rank_0_failing_to_lay_out_the_job_fails_every_rank_with_its_reason() {
     }
 }
 
+#[test]
+fn every_rank_learns_every_objection() {
+    let n = 6;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let out = job(n, &[], &|_| store.clone(), T, &|boot| {
+        let mine = match boot.rank() {
+            1 => Some(String::new()),
+            4 => Some("the matrix is 3x3".to_string()),
+            _ => None,
+        };
+        let none = boot.objections("fine", None).unwrap();
+        (none, boot.objections("usage", mine.as_deref()).unwrap())
+    });
+    assert_eq!(out.len(), n);
+    for (r, (none, found)) in out {
+        assert!(none.is_empty(), "rank {r}: {none:?}");
+        assert_eq!(
+            found,
+            vec![(1, String::new()), (4, "the matrix is 3x3".to_string())],
+            "rank {r}"
+        );
+    }
+    // A rank that never says is named on every rank that waited for the verdict.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let out = job(
+        3,
+        &[2],
+        &|_| store.clone(),
+        Duration::from_millis(300),
+        &|boot| boot.objections("usage", None).unwrap_err().to_string(),
+    );
+    for (r, e) in out {
+        assert!(e.contains("rank 2"), "rank {r}: {e}");
+    }
+}
+
 /// The bytes a rank (other than rank 0) fetches to start: the verdict, the layout and its
 /// neighbours' records. They depend on the job's shape, not its size.
 fn fetched_per_rank(n: usize) -> (u64, u64) {
