@@ -234,6 +234,7 @@ pub fn run_with(
     }
     let mut summary = Summary::default();
     let mut seed = 0u64;
+    let mut warmed = false;
     let roots = plan.roots(n).map_err(anyhow::Error::msg)?;
     // Auto needs the job's cost model; measuring it is a collective, so every rank does it
     // here, at the same point, and gets the same model.
@@ -268,6 +269,7 @@ pub fn run_with(
                     dev: dev.as_deref_mut(),
                     seed: &mut seed,
                     summary: &mut summary,
+                    warmed: &mut warmed,
                 };
                 sweep(comm, plan, &mut st, c, &mut sink)?;
             }
@@ -387,6 +389,8 @@ struct State<'a> {
     dev: Option<&'a mut DeviceMem>,
     seed: &'a mut u64,
     summary: &'a mut Summary,
+    /// Whether a cell has warmed up in this process yet.
+    warmed: &'a mut bool,
 }
 
 /// Where a rank's data lives: the device's buffers under `-g`, else the host's (the fields
@@ -641,6 +645,8 @@ impl Memory for DeviceMem {
 
 /// Longest first warmup pass over a cell's rotation positions that is followed by a second.
 const SECOND_WARM_PASS_SECS: f64 = 0.01;
+/// How long the process's first cell warms up at least, where its passes are cheap.
+const FIRST_CELL_WARM_SECS: f64 = 0.025;
 
 /// One cell: data init, untimed ops at the timed loop's positions, the timed loop with buffer-offset
 /// rotation (so small sizes do not run from cache and pointer-reuse races would surface, as
@@ -684,11 +690,28 @@ fn bench(
     let mut first = [started.elapsed().as_secs_f64()];
     all_reduce_values(comm, &mut first, ReduceOp::Max)?;
     if warm > 1 && first[0] < SECOND_WARM_PASS_SECS {
-        for k in 0..warm {
-            mem.op(comm, spec, ctx, span * k, false)?;
+        // The process's first cell goes on until its warmup has lasted FIRST_CELL_WARM_SECS:
+        // a size timed alone starts a few milliseconds after an idle machine woke its cores,
+        // where inside a sweep the warmups of the larger sizes have kept them busy for
+        // hundreds (TCP, 2 ranks, 256 KiB at -n 20: 116 us alone vs 104 in the sweep, the
+        // same 103 vs 100 at -n 200; BENCHMARKS.md). Every rank agrees on each pass.
+        let goal = if *st.warmed {
+            0.0
+        } else {
+            FIRST_CELL_WARM_SECS
+        };
+        loop {
+            for k in 0..warm {
+                mem.op(comm, spec, ctx, span * k, false)?;
+            }
+            let mut spent = [started.elapsed().as_secs_f64()];
+            all_reduce_values(comm, &mut spent, ReduceOp::Max)?;
+            if spent[0] >= goal {
+                break;
+            }
         }
-        barrier(comm)?;
     }
+    *st.warmed = true;
 
     // The host clock gives the row's time (and -z's barriers); the laps are the memory's
     // own when it times operations itself.
