@@ -1,10 +1,10 @@
 //! Command line. Flags, defaults and meanings follow nccl-tests (`-b -e -i -f -n -w -c -o -d
 //! -a -N -T ...`) so that existing runbooks work unchanged; `--np` and `--min-busbw` are ours.
 
-use crate::sizes::{parse_size, Rotation};
 use busbw_collectives::algo::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
+use busbw_measure::sizes::{parse_size, Rotation};
 use busbw_transports::multi::TransportKind;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
@@ -243,7 +243,7 @@ pub fn multicall(mut argv: Vec<OsString>) -> Vec<OsString> {
         .and_then(|n| n.to_str())
         .map(|n| n.strip_suffix("_mpi").unwrap_or(n).to_string());
     if let Some(program) = called {
-        if program.ends_with("_perf") && crate::specs::find(&program).is_some() {
+        if program.ends_with("_perf") && busbw_measure::specs::find(&program).is_some() {
             argv.insert(1, program.into());
         }
     }

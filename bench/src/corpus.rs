@@ -3,7 +3,6 @@
 //! come out as the plan nccl-tests would run.
 
 use crate::cli::{multicall, Cli};
-use crate::plan::Plan;
 use clap::Parser;
 use std::ffi::OsString;
 
@@ -42,9 +41,9 @@ fn every_corpus_line_parses_into_the_plan_nccl_tests_would_run() {
             .command
             .args()
             .unwrap_or_else(|| panic!("{line}: not a benchmark"));
-        let spec = crate::specs::find(cli.command.program()).expect("a descriptor");
+        let spec = busbw_measure::specs::find(cli.command.program()).expect("a descriptor");
         let gpus: u32 = value(&args, "-g").map_or(0, |g| g.parse().expect("-g N"));
-        let plan = match Plan::new(spec, perf) {
+        let plan = match crate::plan::from_args(spec, perf) {
             Ok(p) => p,
             // Device buffers need the cuda feature and a driver; without them, the message
             // (and exit 2) says so instead of running on something else.

@@ -2,9 +2,10 @@
 //! table, the terminal and the exporters from one stream of rows.
 
 use crate::cli_report::ReportArgs;
-use crate::perf::NCCL_TESTS_COMPAT;
-use crate::plan::{Average, Plan};
 use crate::terminal::Terminal;
+use busbw_measure::plan::Average;
+use busbw_measure::report::NCCL_TESTS_COMPAT;
+use busbw_measure::Plan;
 use busbw_reports::export::push::{self, PushGateway};
 use busbw_reports::export::{nccl_json, ExportSink, Format, Target};
 use busbw_reports::run::{PlanRecord, RunRecord, Versions, WorldRecord, SCHEMA, SCHEMA_VERSION};
@@ -295,7 +296,7 @@ impl<W: Write> Sink for Outputs<W> {
 pub fn for_run<W: Write>(
     report: &ReportArgs,
     plan: &Plan,
-    session: &crate::session::Session,
+    session: &busbw_job::Session,
     table: &mut TextTable<W>,
 ) -> anyhow::Result<Option<ExportSink>> {
     use anyhow::Context;

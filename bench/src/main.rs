@@ -8,16 +8,11 @@ mod corpus;
 mod doctor;
 mod exit;
 mod exports;
-mod gpu;
-mod harness;
+mod gpu_bench;
 mod k8s;
-mod memory;
 mod perf;
 mod plan;
 mod report_cmd;
-mod session;
-mod sizes;
-mod specs;
 mod terminal;
 mod threads;
 mod tiers;
@@ -26,16 +21,19 @@ mod verbs;
 use clap::Parser;
 
 fn main() {
-    memory::mark_start();
+    busbw_measure::resident::mark_start();
     let cli = cli::Cli::parse_from(cli::argv());
     if let cli::Command::Tiers(t) = &cli.command {
         std::process::exit(tiers::main(t));
     }
-    let code = match (&cli.command, specs::find(cli.command.program())) {
+    let code = match (
+        &cli.command,
+        busbw_measure::specs::find(cli.command.program()),
+    ) {
         (cli::Command::Tools(t), _) => report_cmd::main(t),
         (cli::Command::Doctor(d), _) => doctor::main(d),
         (cli::Command::K8s(k), _) => k8s::main(k, &std::env::args().collect::<Vec<_>>()),
-        (cli::Command::GpuBench(g), _) => gpu::bench_main(g),
+        (cli::Command::GpuBench(g), _) => gpu_bench::bench_main(g),
         (c, Some(spec)) => match c.args() {
             Some(args) => perf::main(spec, args),
             None => exit::INTERNAL,

@@ -4,24 +4,23 @@
 use crate::cli::PerfArgs;
 use crate::exit;
 use crate::exports::{self, Outputs};
-use crate::gpu::DeviceMem;
-use crate::harness;
-use crate::plan::{Plan, Split};
-use crate::session::{join_rendezvous, JoinOptions, Session};
-use crate::specs::CollectiveSpec;
 use crate::terminal::Terminal;
 use crate::threads;
 use anyhow::{Context, Result};
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::{CommError, ReduceOp};
+use busbw_job::diagnose::{diagnose_hang, is_abort, peer_host, root_cause};
+use busbw_job::signals::SignalWatch;
+use busbw_job::split::{rank_list, split_groups, SplitGroup};
+use busbw_job::{join_rendezvous, JoinOptions, Session};
 use busbw_launchers::signal;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
-use busbw_reports::{Footer, RunHeader, Sink, TextTable};
-use busbw_transports::Abort;
-use std::sync::{Arc, Mutex};
-
-/// The nccl-tests release whose output format and semantics we reproduce.
-pub const NCCL_TESTS_COMPAT: &str = "2.19.6";
+use busbw_measure::device::DeviceMem;
+use busbw_measure::report::{footer, run_header};
+use busbw_measure::specs::CollectiveSpec;
+use busbw_measure::{harness, Plan};
+use busbw_reports::{Sink, TextTable};
+use std::sync::Arc;
 
 /// What a rank does once it has joined the job; returns its exit code. `Sync` because the
 /// ranks of one process (`-t`, `-g`) run it on their threads.
@@ -38,7 +37,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
 /// rendezvous, error reporting and exit codes.
 pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> i32 {
     signal::install();
-    let plan = match Plan::new(spec, args) {
+    let plan = match crate::plan::from_args(spec, args) {
         Ok(p) => p,
         Err(msg) => {
             eprintln!("busbw: error: {msg}");
@@ -230,129 +229,72 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
 /// Exit code for a failure: a peer's death and a timeout are reported differently from our
 /// own bugs, so that a nightly job can tell a bad node from a bad build.
 pub fn classify(e: &anyhow::Error) -> i32 {
-    for cause in e.chain() {
-        if let Some(c) = cause.downcast_ref::<CommError>() {
-            return match c {
-                CommError::Timeout { .. } => exit::TIMEOUT,
-                CommError::Aborted { .. } | CommError::Transport { .. } => exit::PEER_FAILURE,
-                // What the lookup failed on (a peer that never registered, one no transport
-                // reaches) decides.
-                CommError::Lookup { .. } => continue,
-                _ => exit::INTERNAL,
-            };
-        }
-        if cause
-            .downcast_ref::<crate::session::FlagsDiffer>()
-            .is_some()
-        {
-            return exit::USAGE; // the fix is the command line
-        }
-        if cause
-            .downcast_ref::<busbw_launchers::topology::SourceError>()
-            .is_some()
-        {
-            return exit::USAGE; // a topology source as configured cannot be read
-        }
-        if let Some(s) = cause.downcast_ref::<StoreError>() {
-            return match s {
-                StoreError::Timeout { .. } => exit::TIMEOUT,
-                // The fix is a setting (another --port, the right --job-token).
-                StoreError::PortInUse { .. } | StoreError::WrongToken { .. } => exit::USAGE,
-                _ => exit::PEER_FAILURE,
-            };
-        }
-    }
-    exit::INTERNAL
+    e.chain().find_map(decides).unwrap_or(exit::INTERNAL)
 }
 
-/// How long timed-out ranks wait for each other's reports before naming the silent ones.
-const DIAGNOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(1500);
-
-/// "peer rank P is on HOST" for an error about peer P, if the error names one.
-fn peer_host(session: &Session, e: &anyhow::Error) -> Option<String> {
-    let peer = e
-        .chain()
-        .find_map(|c| c.downcast_ref::<CommError>())
-        .and_then(CommError::peer)?;
-    let host = session.host_of(peer)?;
-    Some(format!("peer rank {peer} is on {host}"))
+/// The exit code one error of a chain decides, if it decides one. The libraries' errors are
+/// looked through to the error they carry, which their transparent variants keep out of the
+/// chain.
+fn decides(cause: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    use busbw_job::{BuildError, Error as Job};
+    let build = |b: &BuildError| match b {
+        BuildError::Store(s) => Some(store_code(s)),
+        BuildError::Comm(c) => comm_code(c),
+        _ => None,
+    };
+    if let Some(c) = cause.downcast_ref::<CommError>() {
+        return comm_code(c);
+    }
+    if let Some(m) = cause.downcast_ref::<busbw_measure::Error>() {
+        return m.comm().and_then(comm_code);
+    }
+    if let Some(j) = cause.downcast_ref::<Job>() {
+        return match j.leaf() {
+            Job::Comm(c) => comm_code(c),
+            Job::Store(s) => Some(store_code(s)),
+            // The fix is the command line.
+            Job::Flags(_) => Some(exit::USAGE),
+            Job::Measure(m) => m.comm().and_then(comm_code),
+            Job::Build(b) => build(b),
+            _ => None,
+        };
+    }
+    if let Some(t) = cause.downcast_ref::<busbw_tiers::Error>() {
+        return match t {
+            busbw_tiers::Error::Build(b) => build(b),
+            _ => None,
+        };
+    }
+    if cause.downcast_ref::<busbw_job::FlagsDiffer>().is_some() {
+        return Some(exit::USAGE);
+    }
+    if cause
+        .downcast_ref::<busbw_launchers::topology::SourceError>()
+        .is_some()
+    {
+        return Some(exit::USAGE); // a topology source as configured cannot be read
+    }
+    cause.downcast_ref::<StoreError>().map(store_code)
 }
 
-/// After a timeout, find the ranks that actually stopped. Every rank that timed out reports
-/// the peer it waited for; a rank that is waited on but reports nothing itself is dead or hung
-/// (a node that vanished, a SIGSTOPped process): that is the culprit, however long the chain of
-/// ranks stuck behind it. Without this, each rank would only name its own neighbour.
-fn diagnose_hang(session: &Session, e: &anyhow::Error) -> Option<String> {
-    let store = &session.rdv.as_ref()?.store;
-    let rank = session.comm.rank();
-    let peer = e
-        .chain()
-        .find_map(|c| c.downcast_ref::<CommError>())
-        .and_then(CommError::peer)?;
-    store
-        .set(&format!("stuck/{rank}"), peer.to_string().as_bytes())
-        .ok()?;
-    std::thread::sleep(DIAGNOSE_WINDOW);
-    let n = session.comm.size();
-    let mut reported = vec![false; n];
-    let mut waited_on: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (r, rep) in reported.iter_mut().enumerate() {
-        if let Ok(Some(v)) = store.get(&format!("stuck/{r}")) {
-            *rep = true;
-            if let Some(p) = std::str::from_utf8(&v)
-                .ok()
-                .and_then(|t| t.parse::<usize>().ok())
-            {
-                if p < n {
-                    waited_on[p].push(r);
-                }
-            }
-        }
+fn comm_code(c: &CommError) -> Option<i32> {
+    match c {
+        CommError::Timeout { .. } => Some(exit::TIMEOUT),
+        CommError::Aborted { .. } | CommError::Transport { .. } => Some(exit::PEER_FAILURE),
+        // What the lookup failed on (a peer that never registered, one no transport
+        // reaches) decides.
+        CommError::Lookup { .. } => None,
+        _ => Some(exit::INTERNAL),
     }
-    let silent: Vec<String> = (0..n)
-        .filter(|&p| !reported[p] && !waited_on[p].is_empty())
-        .map(|p| {
-            let host = session.host_of(p).unwrap_or_else(|| "?".into());
-            let by: Vec<String> = waited_on[p].iter().map(|r| r.to_string()).collect();
-            format!("rank {p} on {host} (waited on by rank {})", by.join(", "))
-        })
-        .collect();
-    if silent.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "stopped responding: {} (it reported nothing while its peers timed out)",
-        silent.join("; ")
-    ))
 }
 
-/// How long a rank that saw a peer fail waits for the job to name the root cause.
-const ROOT_CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn is_abort(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<CommError>(),
-            Some(CommError::Aborted { .. })
-        )
-    })
-}
-
-/// A dead peer is usually seen first on the data path ("rank 3 closed the connection")
-/// although the root cause is elsewhere (rank 3 only left because rank 2 died). Give the
-/// control plane a moment to deliver the job's own account, so the message (and rank 0's
-/// report) names the culprit, not the messenger. `None` for an abort (it is the account), for
-/// this rank's own failure, or in a one-rank job.
-fn root_cause(session: &Session, e: &anyhow::Error) -> Option<String> {
-    // Our own failures (a full disk, a bug) have no other account to wait for.
-    if is_abort(e) || session.rdv.is_none() || classify(e) == exit::INTERNAL {
-        return None;
+fn store_code(s: &StoreError) -> i32 {
+    match s {
+        StoreError::Timeout { .. } => exit::TIMEOUT,
+        // The fix is a setting (another --port, the right --job-token).
+        StoreError::PortInUse { .. } | StoreError::WrongToken { .. } => exit::USAGE,
+        _ => exit::PEER_FAILURE,
     }
-    let until = std::time::Instant::now() + ROOT_CAUSE_WAIT;
-    while !session.abort.is_raised() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    session.abort.reason()
 }
 
 fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
@@ -368,7 +310,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
         }
     }
     if let Err(msg) =
-        crate::session::check_socket_threads(args.socket_nthreads, args.nsocks_perthread)
+        busbw_job::transport::check_socket_threads(args.socket_nthreads, args.nsocks_perthread)
     {
         eprintln!(
             "busbw: rank {} on {}: error: --socket-nthreads / --nsocks-perthread: {msg}",
@@ -389,6 +331,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     let mut session = match session {
         Ok(s) => s,
         Err(e) => {
+            let e = anyhow::Error::new(e);
             eprintln!("busbw: rank {rank} on {host}: error: {e:#}");
             return signal::received().map_or_else(|| classify(&e), signal::exit_code);
         }
@@ -398,15 +341,15 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
         Ok(code) => code,
         Err(e) => {
             if let Some(r) = &session.rdv {
-                r.hurry(crate::session::LEAVING);
+                r.hurry(busbw_job::LEAVING);
             }
             let signalled = signal::received();
             let code = signalled.map_or_else(|| classify(&e), signal::exit_code);
-            let echo = is_abort(&e);
+            let echo = is_abort(e.as_ref());
             let mut msg = format!("{e:#}");
             let mut diagnosed = false;
             if code == exit::TIMEOUT {
-                if let Some(who) = diagnose_hang(&session, &e) {
+                if let Some(who) = diagnose_hang(&session, e.as_ref()) {
                     diagnosed = true;
                     msg = format!("{msg}\n  {who}");
                     if let Some(r) = &session.rdv {
@@ -415,12 +358,14 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                 }
             }
             if !echo && !diagnosed && code != exit::INTERNAL {
-                if let Some(reason) = root_cause(&session, &e) {
+                if let Some(reason) =
+                    root_cause(&session, e.as_ref(), classify(&e) == exit::INTERNAL)
+                {
                     msg = format!("{msg}\n  root cause reported by the job: {reason}");
                 }
             }
             // The failed peer's host: an operator looks for a node, not a rank number.
-            let peer_host = peer_host(&session, &e);
+            let peer_host = peer_host(&session, e.as_ref());
             if let Some(p) = &peer_host {
                 msg = format!("{msg}\n  {p}");
             }
@@ -444,62 +389,6 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
     }
 }
 
-/// Turns a caught SIGTERM/SIGINT into this job's abort naming this rank, its host and the
-/// signal; the data path notices the abort at its next wait, the sweep writes its reports
-/// marked incomplete and the error path broadcasts the abort. A signal before the job is
-/// joined (nothing measured, nothing to write) ends the process at once.
-struct SignalWatch {
-    armed: Arc<Mutex<Option<Abort>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl SignalWatch {
-    const POLL: std::time::Duration = std::time::Duration::from_millis(20);
-
-    fn start(rank: usize, host: String) -> SignalWatch {
-        let armed: Arc<Mutex<Option<Abort>>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (a, st) = (armed.clone(), stop.clone());
-        let _ = std::thread::Builder::new()
-            .name("busbw-signals".into())
-            .spawn(move || {
-                while !st.load(std::sync::atomic::Ordering::Relaxed) {
-                    if let Some(sig) = signal::received() {
-                        let what = format!(
-                            "rank {rank} on {host} received {} (pod eviction, job cancel or \
-                             Ctrl-C): results so far are kept, marked incomplete",
-                            signal::name(sig)
-                        );
-                        match a.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                            Some(abort) => abort.raise(what),
-                            None => {
-                                eprintln!(
-                                    "busbw: rank {rank} on {host}: {} before the job was \
-                                     joined: nothing measured, stopping",
-                                    signal::name(sig)
-                                );
-                                std::process::exit(signal::exit_code(sig));
-                            }
-                        }
-                        return;
-                    }
-                    std::thread::sleep(Self::POLL);
-                }
-            });
-        SignalWatch { armed, stop }
-    }
-
-    fn arm(&self, abort: Abort) {
-        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
-    }
-}
-
-impl Drop for SignalWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 pub(crate) fn join_options(args: &PerfArgs) -> JoinOptions {
     JoinOptions {
         token: args.job_token.clone(),
@@ -508,22 +397,6 @@ pub(crate) fn join_options(args: &PerfArgs) -> JoinOptions {
         socket_nthreads: args.socket_nthreads,
         nsocks_perthread: args.nsocks_perthread,
     }
-}
-
-/// `NCCL_TESTS_SPLIT`: the groups of a job of `n` ranks, as (color, members) in order of
-/// color; each rank's process is its rank divided by the ranks per process, as nccl-tests
-/// colors MPI processes.
-pub fn split_groups(split: Split, n: usize, per_process: usize) -> Vec<(usize, Vec<usize>)> {
-    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-    for r in 0..n {
-        let c = split.color(r / per_process.max(1));
-        match groups.iter_mut().find(|(color, _)| *color == c) {
-            Some((_, members)) => members.push(r),
-            None => groups.push((c, vec![r])),
-        }
-    }
-    groups.sort_by_key(|(c, _)| *c);
-    groups
 }
 
 /// One line per distinct objection: as it was said when every rank said it, else prefixed
@@ -552,22 +425,6 @@ fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
         .collect()
 }
 
-/// This rank's split group: its index among the groups, its color and its members.
-struct SplitGroup {
-    index: usize,
-    groups: Vec<(usize, Vec<usize>)>,
-}
-
-impl SplitGroup {
-    fn color(&self) -> usize {
-        self.groups[self.index].0
-    }
-
-    fn members(&self) -> &[usize] {
-        &self.groups[self.index].1
-    }
-}
-
 fn sweep(
     session: &mut Session,
     plan: &Plan,
@@ -589,11 +446,7 @@ fn sweep(
     let n = split
         .as_ref()
         .map_or(session.comm.size(), |g| g.members().len());
-    let ranks_ok = if std::ptr::eq(plan.spec, &crate::specs::alltoallv::ALLTOALLV) {
-        crate::specs::alltoallv::config().and_then(|c| c.check_ranks(n))
-    } else {
-        Ok(())
-    };
+    let ranks_ok = (plan.spec.ranks_ok)(n);
     // Each rank judges its own group; all learn every verdict, so none leaves while another
     // still waits for it (which would turn a usage error into a peer failure).
     let mine = ranks_ok.and_then(|()| plan.roots(n).map(|_| ())).err();
@@ -654,7 +507,7 @@ fn sweep(
             );
         }
     }
-    let header = run_header(session, plan);
+    let header = run_header(plan, session.devices.clone(), &session.transport_name);
     if rank0 {
         table.header(&header)?;
     }
@@ -664,7 +517,7 @@ fn sweep(
                 Some(r) => r.store.clone(),
                 None => Arc::new(busbw_launchers::MemoryStore::new()),
             };
-            let factory = crate::session::group_factory(
+            let factory = busbw_job::transport::group_factory(
                 world,
                 store,
                 &join_options(args),
@@ -711,13 +564,15 @@ fn sweep(
             match harness::run_with(comm, plan, sink, dev.as_mut()) {
                 Ok(s) => s,
                 Err(e) => {
+                    let e = anyhow::Error::new(e);
                     if rank0 {
-                        let why = match root_cause(session, &e) {
-                            Some(cause) => {
-                                format!("{e:#}; root cause reported by the job: {cause}")
-                            }
-                            None => format!("{e:#}"),
-                        };
+                        let why =
+                            match root_cause(session, e.as_ref(), classify(&e) == exit::INTERNAL) {
+                                Some(cause) => {
+                                    format!("{e:#}; root cause reported by the job: {cause}")
+                                }
+                                None => format!("{e:#}"),
+                            };
                         table.fail(&why);
                     }
                     return Err(e);
@@ -775,71 +630,6 @@ fn split_summary(
     Ok((0..k).map(|i| v[2 * i + 1] as u64).sum())
 }
 
-/// `0-3,8,10-11`.
-fn rank_list(ranks: &[usize]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        parts.push(if j > i {
-            format!("{}-{}", ranks[i], ranks[j])
-        } else {
-            ranks[i].to_string()
-        });
-        i = j + 1;
-    }
-    parts.join(",")
-}
-
-/// The table header of a run on `session`'s communicator.
-pub fn run_header(session: &Session, plan: &Plan) -> RunHeader {
-    RunHeader {
-        program: plan.spec.program.into(),
-        version_line: format!(
-            "nccl-tests version {NCCL_TESTS_COMPAT} busbw-version={} transport={}",
-            env!("CARGO_PKG_VERSION"),
-            session.transport_name
-        ),
-        nthreads: plan.threads,
-        ngpus: plan.gpus.max(1),
-        min_bytes: plan.min_bytes,
-        max_bytes: plan.max_bytes,
-        step: plan.step,
-        warmup_iters: plan.warmup_iters,
-        iters: plan.iters,
-        agg_iters: plan.agg_iters,
-        validation: plan.check,
-        graph: 0,
-        unalign: plan.unalign,
-        per_iter: plan.per_iter,
-        cputime: plan.cputime,
-        timestamps: plan.timestamps,
-        blocking: plan.blocking,
-        parallel_init: plan.parallel_init,
-        devices: session.devices.clone(),
-        extra_columns: if plan.algo_column {
-            vec!["algo".into()]
-        } else {
-            vec![]
-        },
-    }
-}
-
-/// The table footer of a finished sweep.
-pub fn footer(plan: &Plan, summary: &harness::Summary) -> Footer {
-    Footer {
-        program: plan.spec.program.into(),
-        out_of_bounds: summary.out_of_bounds,
-        avg_busbw: summary.avg_busbw(),
-        min_busbw: plan.min_busbw,
-        error: None,
-        memory: summary.memory.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,20 +648,5 @@ mod tests {
             usage_lines(&some, 10),
             ["ranks 4-6: 4 ranks, matrix 3", "rank 9: root 5"]
         );
-    }
-
-    #[test]
-    fn split_groups_color_processes_not_ranks() {
-        // 4 processes × 2 ranks (-t 2), MOD2: processes 0 and 2 together.
-        let g = split_groups(Split::Mod(2), 8, 2);
-        assert_eq!(g, [(0, vec![0, 1, 4, 5]), (1, vec![2, 3, 6, 7])]);
-        // Colors need not be dense; groups come in color order.
-        let g = split_groups(Split::Or(4), 6, 1);
-        assert_eq!(
-            g,
-            [(4, vec![0, 4]), (5, vec![1, 5]), (6, vec![2]), (7, vec![3])]
-        );
-        assert_eq!(rank_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
-        assert_eq!(rank_list(&[5]), "5");
     }
 }

@@ -6,17 +6,18 @@ use crate::cli::TiersArgs;
 use crate::cli_report::ReportArgs;
 use crate::exit;
 use crate::exports;
-use crate::harness;
 use crate::perf;
-use crate::plan::Plan;
-use crate::session::{self, JoinOptions, Session};
 use anyhow::{Context, Result};
 use busbw_collectives::Communicator;
+use busbw_job::{JoinOptions, Session};
 use busbw_launchers::topology::{node_labels::NodeLabel, Preset, Source, SourceConfig};
 use busbw_launchers::{MemoryStore, Store, World};
+use busbw_measure::report::{footer, run_header};
+use busbw_measure::Plan;
+use busbw_measure::Summary;
 use busbw_reports::export::ExportSink;
 use busbw_reports::{Footer, Measured, Row, RunHeader, Sink, TextTable};
-use busbw_tiers::{gate, Job, RunError, Sweep, Topology};
+use busbw_tiers::{gate, Collect, Job, Sweep, Topology};
 use std::collections::BTreeSet;
 use std::io::{StdoutLock, Write};
 use std::sync::Arc;
@@ -109,7 +110,7 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
 }
 
 pub fn main(t: &TiersArgs) -> i32 {
-    let Some(spec) = crate::specs::find(&t.collective) else {
+    let Some(spec) = busbw_measure::specs::find(&t.collective) else {
         eprintln!(
             "busbw: error: --collective {}: no such collective (all_reduce_perf, all_gather_perf, ...)",
             t.collective
@@ -148,32 +149,6 @@ pub fn main(t: &TiersArgs) -> i32 {
     })
 }
 
-/// Rows as the harness produces them, optionally passed on to another sink.
-struct Collect<'a> {
-    inner: Option<&'a mut dyn Sink>,
-    rows: Vec<Row>,
-}
-
-impl Sink for Collect<'_> {
-    fn header(&mut self, h: &RunHeader) -> std::io::Result<()> {
-        self.inner.as_mut().map_or(Ok(()), |s| s.header(h))
-    }
-    fn row(&mut self, r: &Row) -> std::io::Result<()> {
-        self.rows.push(r.clone());
-        self.inner.as_mut().map_or(Ok(()), |s| s.row(r))
-    }
-    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
-        self.rows.push(m.row.clone());
-        self.inner.as_mut().map_or(Ok(()), |s| s.measured(m))
-    }
-    fn comment(&mut self, line: &str) -> std::io::Result<()> {
-        self.inner.as_mut().map_or(Ok(()), |s| s.comment(line))
-    }
-    fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
-        self.inner.as_mut().map_or(Ok(()), |s| s.footer(f))
-    }
-}
-
 /// Rank 0's sink for the whole-job sweep: the text table and the export files. The exports'
 /// footer waits until the tiers are in, so the record is finished (and pushed) once, whole.
 struct WorldSink<'a> {
@@ -202,21 +177,20 @@ impl Sink for WorldSink<'_> {
     }
 }
 
-/// The harness as the tier run's [`busbw_tiers::Bench`]; rank 0's table and export files,
-/// and the whole job's summary, stay here for the end.
-struct TimedSweep<'a> {
+/// Rank 0's table and export files, and the whole job's summary, kept for the end.
+struct Shown<'a> {
     plan: &'a Plan,
     rank0: bool,
     header: RunHeader,
     table: TextTable<StdoutLock<'static>>,
     exports: Option<ExportSink>,
     /// The whole job's sweep, for the footer and the exit code.
-    summary: harness::Summary,
+    summary: Summary,
 }
 
-impl busbw_tiers::Bench for TimedSweep<'_> {
-    type Error = anyhow::Error;
-
+impl Shown<'_> {
+    /// The sweep over the whole job, shown as any run is; on every rank, what it measured
+    /// (rank 0's rows are the ones that count).
     fn whole_job(&mut self, comm: &mut Communicator) -> Result<Sweep> {
         let rank0 = self.rank0;
         let mut out = WorldSink {
@@ -235,38 +209,22 @@ impl busbw_tiers::Bench for TimedSweep<'_> {
                 if rank0 {
                     eprintln!("busbw: {why}");
                 }
-                Ok(harness::Summary::default())
+                Ok(Summary::default())
             }
-            None => harness::run(comm, self.plan, Some(&mut sink)),
+            None => busbw_measure::run(comm, self.plan, Some(&mut sink)),
         };
         let summary = match ran {
             Ok(s) => s,
             Err(e) => {
+                let e = anyhow::Error::new(e);
                 fail(&mut self.exports, &format!("{e:#}"));
                 return Err(e);
             }
         };
-        sink.footer(&perf::footer(self.plan, &summary))?;
+        sink.footer(&footer(self.plan, &summary))?;
         let sweep = Sweep::from_rows(&sink.rows, summary.out_of_bounds);
         self.summary = summary;
         Ok(sweep)
-    }
-
-    fn group(&mut self, comm: &mut Communicator, what: &str) -> Result<Sweep> {
-        let mut rows = Collect {
-            inner: None,
-            rows: Vec::new(),
-        };
-        let summary = match (self.plan.spec.skip)(comm.size()) {
-            Some(_) => harness::Summary::default(),
-            None => harness::run(comm, self.plan, Some(&mut rows)).context(what.to_string())?,
-        };
-        Ok(Sweep::from_rows(&rows.rows, summary.out_of_bounds))
-    }
-
-    fn group_budget(&self) -> std::time::Duration {
-        let plan = self.plan;
-        plan.timeout * (plan.sizes.len() as u32 * plan.dtypes.len() as u32 + 2)
     }
 }
 
@@ -306,16 +264,16 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     if rank0 {
         exports = exports::for_run(&opts.report, plan, session, &mut table)?;
     }
-    let mut bench = TimedSweep {
+    let mut bench = Shown {
         plan,
         rank0,
-        header: perf::run_header(session, plan),
+        header: run_header(plan, session.devices.clone(), &session.transport_name),
         table,
         exports,
-        summary: harness::Summary::default(),
+        summary: Summary::default(),
     };
     let factory = if session.comm.size() > 1 {
-        Some(session::group_factory(
+        Some(busbw_job::transport::group_factory(
             world,
             store.clone(),
             &opts.join,
@@ -328,18 +286,16 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     } else {
         None
     };
+    let world_sweep = bench.whole_job(&mut session.comm)?;
     let concluded = busbw_tiers::run(
-        &mut bench,
+        world_sweep,
         &mut session.comm,
+        plan,
         factory.as_ref(),
         &job,
         &topo,
         &opts.tiers,
-    )
-    .map_err(|e| match e {
-        RunError::Bench(e) => e,
-        RunError::Tiers(e) => e.into(),
-    })?;
+    )?;
 
     // The job's exit code, decided on rank 0.
     let code = match concluded {
@@ -363,12 +319,12 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
 /// Rank 0, once the tiers are concluded: the tier report after the main table, the export
 /// files finished with it, `--label-nodes`, and the job's exit code.
 fn finish_rank0(
-    bench: &mut TimedSweep,
+    bench: &mut Shown,
     c: &busbw_tiers::Conclusion,
     store: &dyn Store,
     opts: &Options,
 ) -> Result<i32> {
-    let footer = perf::footer(bench.plan, &bench.summary);
+    let footer = footer(bench.plan, &bench.summary);
     bench.table.tiers(&c.report)?;
     if let Some(e) = &mut bench.exports {
         e.set_tier_report(&c.report, &bench.plan.spec.busbw_factor)

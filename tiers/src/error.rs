@@ -1,9 +1,8 @@
-//! What can stop a tier run. The program's own failures (its sweep) travel apart, in
-//! [`RunError::Bench`], untouched: the program classifies them into exit codes by their
-//! types, which a wrapper here would hide.
+//! What can stop a tier run. A group's sweep keeps its error whole as the source
+//! ([`Error::Sweep`]), so the program still classifies it into an exit code by its type.
 
-use crate::subcomm::BuildError;
 use busbw_collectives::CommError;
+use busbw_job::BuildError;
 use busbw_launchers::topology::SourceError;
 use busbw_launchers::StoreError;
 
@@ -60,6 +59,13 @@ pub enum Error {
     /// The Kubernetes API refused a node patch, or could not be reached.
     #[error("{0}")]
     LabelNodes(String),
+    /// A group's sweep, `what` naming the group.
+    #[error("{what}")]
+    Sweep {
+        what: String,
+        #[source]
+        source: busbw_measure::Error,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -70,13 +76,4 @@ impl From<BuildError> for Error {
     fn from(e: BuildError) -> Self {
         Error::Build(Box::new(e))
     }
-}
-
-/// A failure of [`crate::run`]: the crate's own, or the program's sweep as it returned it.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError<B> {
-    #[error(transparent)]
-    Tiers(#[from] Error),
-    #[error("{0}")]
-    Bench(B),
 }

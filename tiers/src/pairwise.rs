@@ -3,12 +3,12 @@
 
 use crate::analysis::Measured;
 use crate::run::wait_all;
-use crate::subcomm::Factory;
 use crate::topology::Topology;
 use crate::{schedule, Error, Job, Options};
 use busbw_collectives::{
     all_reduce_values, barrier, sendrecv, Communicator, Data, DataType, HostBuffer, ReduceOp,
 };
+use busbw_job::Factory;
 use busbw_reports::tiers::LinkMatrix;
 use std::time::Instant;
 

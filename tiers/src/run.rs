@@ -3,21 +3,23 @@
 //! node tier), each group on its own sub-communicator; then the pairwise round robin, and on
 //! rank 0 the conclusion.
 //!
-//! Timing a sweep and showing it belong to the program, which lends them through [`Bench`];
-//! what is run where, and when, is decided here, so every program gets the same schedule.
+//! The whole job's sweep is the program's (it is the main table, shown as any run is); the
+//! groups' sweeps run here on `busbw-measure`'s harness, and what is run where, and when, is
+//! decided here, so every program gets the same schedule.
 
 use crate::analysis;
 use crate::conclude::{conclude, Conclusion};
 use crate::pairwise::pairwise;
 use crate::schedule::{self, Group};
-use crate::subcomm::Factory;
 use crate::topology::Topology;
-use crate::{Error, RunError};
+use crate::Error;
 use busbw_collectives::Communicator;
+use busbw_job::Factory;
 use busbw_launchers::topology::{Preset, SourceConfig};
 use busbw_launchers::Store;
+use busbw_measure::{Plan, Summary};
 use busbw_reports::tiers::{GroupResult, TierRow, TierSize};
-use busbw_reports::Row;
+use busbw_reports::{Footer, Measured, Row, RunHeader, Sink};
 use busbw_transports::Abort;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,36 +73,68 @@ impl Sweep {
     }
 }
 
-/// What only the program can do: time its collective's sweep on a communicator, and show
-/// the whole job's as its main table.
-pub trait Bench {
-    /// The program's own error, handed back untouched in [`RunError::Bench`].
-    type Error: std::fmt::Display + std::fmt::Debug;
-
-    /// The sweep over the whole job, shown as the program shows a run; on every rank, what
-    /// it measured (rank 0's rows are the ones that count).
-    fn whole_job(&mut self, comm: &mut Communicator) -> Result<Sweep, Self::Error>;
-
-    /// The same sweep in one group, shown nowhere; `what` names the group for errors.
-    fn group(&mut self, comm: &mut Communicator, what: &str) -> Result<Sweep, Self::Error>;
-
-    /// How long one group's sweep may take before the others give up on it: a group makes
-    /// progress at least every `-T` per size or fails and says so.
-    fn group_budget(&self) -> Duration;
+/// A sink that keeps the rows a sweep hands it, passing each on to `inner` when there is
+/// one (rank 0's table and exports, for the whole job's sweep).
+pub struct Collect<'a> {
+    pub inner: Option<&'a mut dyn Sink>,
+    pub rows: Vec<Row>,
 }
 
-/// Run the tiers on `comm`, the whole job's communicator. `factory` builds the groups'
-/// communicators (`None` for a one-rank job, which has no groups to run). The conclusion
-/// comes back on rank 0 only; the others get `None`.
-pub fn run<B: Bench>(
-    bench: &mut B,
+impl Sink for Collect<'_> {
+    fn header(&mut self, h: &RunHeader) -> std::io::Result<()> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.header(h))
+    }
+    fn row(&mut self, r: &Row) -> std::io::Result<()> {
+        self.rows.push(r.clone());
+        self.inner.as_mut().map_or(Ok(()), |s| s.row(r))
+    }
+    fn measured(&mut self, m: &Measured) -> std::io::Result<()> {
+        self.rows.push(m.row.clone());
+        self.inner.as_mut().map_or(Ok(()), |s| s.measured(m))
+    }
+    fn comment(&mut self, line: &str) -> std::io::Result<()> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.comment(line))
+    }
+    fn footer(&mut self, f: &Footer) -> std::io::Result<()> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.footer(f))
+    }
+}
+
+/// The plan's sweep in one group, shown nowhere; `what` names the group for errors.
+fn group_sweep(comm: &mut Communicator, plan: &Plan, what: &str) -> Result<Sweep, Error> {
+    let mut rows = Collect {
+        inner: None,
+        rows: Vec::new(),
+    };
+    let summary = match (plan.spec.skip)(comm.size()) {
+        Some(_) => Summary::default(),
+        None => busbw_measure::run(comm, plan, Some(&mut rows)).map_err(|source| Error::Sweep {
+            what: what.to_string(),
+            source,
+        })?,
+    };
+    Ok(Sweep::from_rows(&rows.rows, summary.out_of_bounds))
+}
+
+/// How long one group's sweep may take before the others give up on it: a group makes
+/// progress at least every `-T` per size or fails and says so.
+fn group_budget(plan: &Plan) -> Duration {
+    plan.timeout * (plan.sizes.len() as u32 * plan.dtypes.len() as u32 + 2)
+}
+
+/// Run the tiers on `comm`, the whole job's communicator, after the program swept the whole
+/// job with `plan` (`world`: what that measured; it is the main table, which the program
+/// shows). `factory` builds the groups' communicators (`None` for a one-rank job, which has
+/// no groups to run). The conclusion comes back on rank 0 only; the others get `None`.
+pub fn run(
+    world: Sweep,
     comm: &mut Communicator,
+    plan: &Plan,
     factory: Option<&Factory>,
     job: &Job,
     topo: &Topology,
     opts: &Options,
-) -> Result<Option<Conclusion>, RunError<B::Error>> {
-    let world = bench.whole_job(comm).map_err(RunError::Bench)?;
+) -> Result<Option<Conclusion>, Error> {
     let mut tiers: Vec<TierRow> = Vec::new();
     // The rank sets already measured, and the tier that measured them.
     let mut measured: Vec<(Vec<Vec<usize>>, usize)> = Vec::new();
@@ -158,7 +192,7 @@ pub fn run<B: Bench>(
             }]
         } else {
             measured.push((sets.clone(), ti));
-            run_groups(bench, rank, factory, job, ti, &groups, &runnable, nodes)?
+            run_groups(plan, rank, factory, job, ti, &groups, &runnable, nodes)?
         };
         if !runs.is_empty() && rank == 0 {
             wrong += summarize(&mut row, &groups, &runnable, &runs, &nodes.names);
@@ -223,8 +257,8 @@ fn summarize(
 /// Run the collective in every runnable group of tier `ti` at once; on rank 0, every
 /// group's result (in `runnable` order).
 #[allow(clippy::too_many_arguments)]
-fn run_groups<B: Bench>(
-    bench: &mut B,
+fn run_groups(
+    plan: &Plan,
     rank: usize,
     factory: Option<&Factory>,
     job: &Job,
@@ -232,7 +266,7 @@ fn run_groups<B: Bench>(
     groups: &[Group],
     runnable: &[usize],
     nodes: &crate::topology::Nodes,
-) -> Result<Vec<Sweep>, RunError<B::Error>> {
+) -> Result<Vec<Sweep>, Error> {
     let key = |g: usize| format!("tiers/t{ti}/g{g}");
     if let (Some(f), Some(&g)) = (
         factory,
@@ -247,7 +281,7 @@ fn run_groups<B: Bench>(
                 source: Box::new(source),
             })?;
         let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
-        let run = bench.group(&mut comm, &what).map_err(RunError::Bench)?;
+        let run = group_sweep(&mut comm, plan, &what)?;
         if comm.rank() == 0 {
             job.store
                 .set(&key(g), &serde_json::to_vec(&run).map_err(Error::from)?)
@@ -266,13 +300,13 @@ fn run_groups<B: Bench>(
             (key(g), who)
         })
         .collect();
-    let values = wait_all(&*job.store, &keys, &job.abort, bench.group_budget())?;
+    let values = wait_all(&*job.store, &keys, &job.abort, group_budget(plan))?;
     if rank != 0 {
         return Ok(Vec::new());
     }
     values
         .iter()
-        .map(|v| Ok(serde_json::from_slice(v).map_err(Error::from)?))
+        .map(|v| serde_json::from_slice(v).map_err(Error::from))
         .collect()
 }
 

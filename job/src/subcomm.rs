@@ -16,18 +16,9 @@ use std::time::Duration;
 /// Any error of the program's transport set-up, kept whole so its causes still read.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A group's transport for an identity. The program chooses transports as it chose the
-/// job's (the same `--transport`, interfaces, RDMA port), so it supplies them; what a group
-/// does with one is the same for every program.
-pub trait MakeTransport {
-    fn make(&self, identity: Identity) -> Result<Box<dyn Transport>, BoxError>;
-}
-
-impl<F: Fn(Identity) -> Result<Box<dyn Transport>, BoxError>> MakeTransport for F {
-    fn make(&self, identity: Identity) -> Result<Box<dyn Transport>, BoxError> {
-        self(identity)
-    }
-}
+/// A group's transport for an identity, chosen as the job's were (the same `--transport`,
+/// interfaces, RDMA port): see `transport::group_factory`.
+pub type MakeTransport = Box<dyn Fn(Identity) -> Result<Box<dyn Transport>, BoxError>>;
 
 /// Why a group's communicator could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +57,7 @@ pub struct Factory {
     job: u64,
     /// The job token, which every group's connections prove.
     token: Option<String>,
-    transports: Box<dyn MakeTransport>,
+    transports: MakeTransport,
     timeout: Duration,
     abort: Abort,
     rank: usize,
@@ -88,7 +79,7 @@ impl Factory {
         rank: usize,
         timeout: Duration,
         abort: Abort,
-        transports: Box<dyn MakeTransport>,
+        transports: MakeTransport,
     ) -> Result<Self, BuildError> {
         let job = std::str::from_utf8(&store.wait(&["job"], timeout)?[0])
             .ok()
@@ -124,10 +115,7 @@ impl Factory {
                 })?;
         let identity =
             Identity::new(self.job ^ fnv64(name), me as u32).with_token(self.token.as_deref());
-        let transport = self
-            .transports
-            .make(identity)
-            .map_err(BuildError::Transport)?;
+        let transport = self.transports.as_ref()(identity).map_err(BuildError::Transport)?;
         let (handle, listener) = transport.listen().map_err(|source| BuildError::Listen {
             group: name.into(),
             source,

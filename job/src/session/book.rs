@@ -1,7 +1,7 @@
 //! The communicator's peer book of a job: records fetched from the rendezvous store when a
 //! peer is first connected to, each checked against this rank's transports.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use busbw_collectives::peers::LookupError;
 use busbw_collectives::{neighbours, PeerBook};
 use busbw_launchers::bootstrap::Directory;

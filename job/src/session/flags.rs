@@ -31,7 +31,7 @@ impl FlagsDiffer {
         };
         // The first few ranks are enough to see the pattern.
         for (r, theirs) in &others {
-            for (flag, here, there) in crate::plan::fingerprint_diff(&d.mine, theirs) {
+            for (flag, here, there) in busbw_measure::plan::fingerprint_diff(&d.mine, theirs) {
                 msg += &format!("\n  {flag}: {here} on rank {rank}, {there} on rank {r}");
             }
         }

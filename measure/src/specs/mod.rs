@@ -200,6 +200,23 @@ pub struct CollectiveSpec {
     /// Lines printed before a row, from a placement's context and its time in seconds
     /// (alltoallv's per-rank summary).
     pub comments: fn(ctx: &DataCtx, secs: f64) -> Vec<String>,
+    /// Reads the collective's own settings from the environment before any rank starts
+    /// (alltoallv's pattern or traffic matrix), so that a bad one is a usage error there;
+    /// `one_size` when the sweep has a single size. Returns notes to print once.
+    pub prepare: fn(one_size: bool) -> Result<Vec<String>, String>,
+    /// A usage error for a communicator of `nranks` (a traffic matrix smaller than the job),
+    /// which each rank judges for its own group before the sweep.
+    pub ranks_ok: fn(nranks: usize) -> Result<(), String>,
+}
+
+/// For collectives with no settings of their own.
+pub fn no_settings(_one_size: bool) -> Result<Vec<String>, String> {
+    Ok(Vec::new())
+}
+
+/// For collectives that run on any number of ranks.
+pub fn any_ranks(_nranks: usize) -> Result<(), String> {
+    Ok(())
 }
 
 /// For collectives that print nothing but their rows.

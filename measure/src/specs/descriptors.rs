@@ -99,6 +99,8 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- all_gather
@@ -141,6 +143,8 @@ pub static ALL_GATHER: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- broadcast
@@ -169,6 +173,8 @@ pub static BROADCAST: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- reduce_scatter
@@ -215,6 +221,8 @@ pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- reduce
@@ -249,6 +257,8 @@ pub static REDUCE: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- alltoall
@@ -298,6 +308,8 @@ pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- scatter
@@ -333,6 +345,8 @@ pub static SCATTER: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- gather
@@ -374,6 +388,8 @@ pub static GATHER: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- sendrecv
@@ -401,6 +417,8 @@ pub static SENDRECV: CollectiveSpec = CollectiveSpec {
     },
     skip: no_skip,
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };
 
 // ---------------------------------------------------------------------------- hypercube
@@ -427,4 +445,6 @@ pub static HYPERCUBE: CollectiveSpec = CollectiveSpec {
     },
     skip: |n| (!n.is_power_of_two()).then(|| format!("nRanks {n} is not a power of 2, skipping")),
     comments: super::no_comments,
+    prepare: super::no_settings,
+    ranks_ok: super::any_ranks,
 };

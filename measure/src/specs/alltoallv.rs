@@ -154,7 +154,7 @@ fn parse_matrix(text: &str, scale: f64) -> Result<(usize, Vec<usize>), String> {
     Ok((dim, rows.concat()))
 }
 
-/// The process's configuration; `Plan::new` reads it first, so a bad one is a usage error
+/// The process's configuration; the descriptor's `prepare` reads it first, so a bad one is a usage error
 /// before any rank starts and the descriptor's functions below never see one.
 pub fn config() -> Result<&'static Config, String> {
     static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
@@ -277,7 +277,23 @@ pub static ALLTOALLV: CollectiveSpec = CollectiveSpec {
     },
     skip: |_| None,
     comments: summary,
+    prepare,
+    ranks_ok: |n| config().and_then(|c| c.check_ranks(n)),
 };
+
+/// Reads the pattern or matrix (a bad one is a usage error before any rank starts) and
+/// notes that a matrix fixes every row's bytes.
+fn prepare(one_size: bool) -> Result<Vec<String>, String> {
+    let c = config()?;
+    Ok(match c.pattern {
+        Pattern::Matrix { .. } if !one_size => vec![
+            "alltoallv_perf with a traffic matrix: every size moves the matrix's bytes \
+             (give -b equal to -e)"
+                .into(),
+        ],
+        _ => Vec::new(),
+    })
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,24 +1,20 @@
 //! One rank's membership in a job: rendezvous, configuration agreement, transport and
 //! communicator. Everything here that waits is bounded by `-T`.
 
-use crate::gpu::GpuLine;
-use crate::plan::Plan;
-use anyhow::{Context, Result};
+use crate::error::{Context, Error, OrSetup, Result};
+use crate::transport::{local_address, multi_transport, tcp_transport, TcpSetup};
 use book::Book;
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::bootstrap::{self, Bootstrap, BootstrapError, Joined, Layout, Record};
-use busbw_launchers::{rendezvous_with, token_digest, RankInfo, Rendezvous, Store, World};
+use busbw_launchers::{rendezvous_with, token_digest, RankInfo, Rendezvous, World};
+use busbw_measure::device::GpuLine;
+use busbw_measure::Plan;
 use busbw_reports::DeviceInfo;
-use busbw_tiers::subcomm::BoxError;
-use busbw_tiers::Factory;
 use busbw_transports::inproc::InprocTransport;
-use busbw_transports::multi::{Member, MultiTransport, NodeId, TransportKind};
-use busbw_transports::shm::{ShmConfig, ShmTransport};
-use busbw_transports::tcp::{TcpConfig, TcpTransport};
+use busbw_transports::multi::{MultiTransport, NodeId, TransportKind};
 use busbw_transports::{Abort, Handle, Identity, Transport};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::time::Duration;
 
 mod book;
@@ -30,7 +26,7 @@ pub use flags::FlagsDiffer;
 /// the abort, checking out, rank 0's linger) before it exits anyway: enough for a reachable
 /// store (the diagnosis window of 1.5 s and rank 0's 2 s linger), short beside `-T` for a rank
 /// cut off from rank 0.
-pub(crate) const LEAVING: Duration = Duration::from_secs(6);
+pub const LEAVING: Duration = Duration::from_secs(6);
 
 pub struct Session {
     pub comm: Communicator,
@@ -80,7 +76,7 @@ pub struct JoinOptions {
 
 impl JoinOptions {
     /// This rank's TCP set-up once its address is known.
-    pub(crate) fn tcp(&self, (bind, advertise): (IpAddr, Option<IpAddr>)) -> TcpSetup {
+    pub fn tcp(&self, (bind, advertise): (IpAddr, Option<IpAddr>)) -> TcpSetup {
         TcpSetup {
             bind,
             advertise,
@@ -88,68 +84,6 @@ impl JoinOptions {
             socks_per_thread: self.nsocks_perthread,
         }
     }
-}
-
-/// Where this rank's TCP listens and how many sockets its connections use: one value for the
-/// job's communicator and the groups' sub-communicators.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TcpSetup {
-    pub bind: IpAddr,
-    pub advertise: Option<IpAddr>,
-    pub threads: usize,
-    pub socks_per_thread: usize,
-}
-
-impl TcpSetup {
-    fn config(&self) -> TcpConfig {
-        TcpConfig {
-            bind: self.bind,
-            advertise: self.advertise,
-            threads: self.threads,
-            socks_per_thread: self.socks_per_thread,
-            ..TcpConfig::default()
-        }
-    }
-}
-
-/// `--socket-nthreads` and `--nsocks-perthread` against NCCL's limits, checked before joining
-/// so that a typo is a usage error on the host that has it.
-pub(crate) fn check_socket_threads(threads: usize, socks_per_thread: usize) -> Result<(), String> {
-    TcpConfig {
-        threads,
-        socks_per_thread,
-        ..TcpConfig::default()
-    }
-    .validate()
-}
-
-/// The address peers should use to reach this host: the interface `--socket-ifname` names;
-/// else loopback when the job is local; else the address of the interface that routes to the
-/// store host (no packet is sent).
-pub(crate) fn local_address(
-    world: &World,
-    ifname: Option<&str>,
-) -> Result<(IpAddr, Option<IpAddr>)> {
-    if let Some(spec) = ifname {
-        let i = busbw_transports::iface::select(spec).map_err(anyhow::Error::msg)?;
-        return Ok((i.addr, None));
-    }
-    let target = format!("{}:{}", world.master_addr, world.master_port.max(1));
-    let addrs: Vec<_> = target
-        .to_socket_addrs()
-        .with_context(|| format!("resolving MASTER_ADDR {}", world.master_addr))?
-        .collect();
-    if addrs.iter().any(|a| a.ip().is_loopback()) {
-        return Ok((IpAddr::V4(Ipv4Addr::LOCALHOST), None));
-    }
-    let first = addrs
-        .first()
-        .with_context(|| format!("MASTER_ADDR {} resolves to no address", world.master_addr))?;
-    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    sock.connect(first)
-        .with_context(|| format!("finding the interface that routes to {first}"))?;
-    let ip = sock.local_addr()?.ip();
-    Ok((IpAddr::V4(Ipv4Addr::UNSPECIFIED), Some(ip)))
 }
 
 fn job_token() -> u64 {
@@ -164,7 +98,7 @@ fn parse_u64(bytes: &[u8], what: &str) -> Result<u64> {
     std::str::from_utf8(bytes)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .with_context(|| format!("malformed {what} in the rendezvous store"))
+        .or_setup(|| format!("malformed {what} in the rendezvous store"))
 }
 
 impl Session {
@@ -266,7 +200,7 @@ impl Session {
             None => vec![Some(line.clone())],
         };
         for (d, l) in self.devices.iter_mut().zip(lines) {
-            let l = l.with_context(|| format!("rank {} sent a malformed device line", d.rank))?;
+            let l = l.or_setup(|| format!("rank {} sent a malformed device line", d.rank))?;
             d.device = l.index as i32;
             d.pci = l.pci;
             d.name = format!(
@@ -321,8 +255,11 @@ fn agree(
     let job = parse_u64(&store.wait(&["job"], plan.timeout)?[0], "job token")?
         ^ opts.token.as_deref().map(token_digest).unwrap_or(0);
     boot.agree(&plan.fingerprint()).map_err(|e| match e {
-        BootstrapError::Disagree(d) => FlagsDiffer::new(&d).into(),
-        e => anyhow::Error::new(e).context("waiting for every rank to publish its configuration"),
+        BootstrapError::Disagree(d) => Error::Flags(FlagsDiffer::new(&d)),
+        e => Error::Context {
+            what: "waiting for every rank to publish its configuration".into(),
+            source: Box::new(e.into()),
+        },
     })?;
     Ok(job)
 }
@@ -363,7 +300,7 @@ impl End {
         // token.
         let identity = Identity::new(job, world.rank as u32).with_token(opts.token.as_deref());
         let node = NodeId::here(&world.hostname);
-        let verbs = crate::verbs::for_rank(
+        let verbs = crate::transport::for_rank(
             plan.transport,
             plan.gpus > 0,
             opts.ib_hca.as_deref(),
@@ -469,7 +406,7 @@ fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -
         let info = peers
             .book
             .info(r)
-            .with_context(|| format!("rank 0 lost rank {r}'s record"))?;
+            .or_setup(|| format!("rank 0 lost rank {r}'s record"))?;
         let via = if via.is_empty() { "tcp" } else { via };
         devices.push(device_info(r, info.pid, &info.host, info.local_rank, via));
     }
@@ -495,88 +432,6 @@ fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -
         devices,
         hosts: peers.hosts,
     })
-}
-
-/// TCP alone (`--transport tcp`), and the network member of the others.
-pub(crate) fn tcp_transport(identity: Identity, setup: TcpSetup) -> Box<dyn Transport> {
-    Box::new(TcpTransport::new(identity, setup.config()))
-}
-
-/// The transports `--transport` names, in NCCL's priority order (shared memory, then RDMA,
-/// then TCP), behind one multi-transport; `None` for `tcp`, which needs no routing. `verbs`
-/// is this rank's RDMA member when it has one. One definition for the job's communicator and
-/// the groups' sub-communicators, so both always choose alike.
-pub(crate) fn multi_transport(
-    kind: TransportKind,
-    identity: Identity,
-    tcp: TcpSetup,
-    node: &NodeId,
-    verbs: Option<Member>,
-) -> Result<Option<MultiTransport>> {
-    let shm = || Member {
-        transport: Box::new(ShmTransport::new(identity, ShmConfig::default())),
-        same_node_only: true,
-    };
-    let members: Vec<Member> = match kind {
-        TransportKind::Tcp => return Ok(None),
-        TransportKind::Shm => vec![shm()],
-        TransportKind::Verbs => verbs.into_iter().collect(),
-        // In TransportKind::PRIORITY order.
-        TransportKind::Auto => std::iter::once(shm())
-            .chain(verbs)
-            .chain(std::iter::once(Member {
-                transport: tcp_transport(identity, tcp),
-                same_node_only: false,
-            }))
-            .collect(),
-    };
-    Ok(Some(MultiTransport::new(members, node)?))
-}
-
-/// The groups' communicators of this rank (tier groups, `NCCL_TESTS_SPLIT`): their
-/// transports are chosen as the job's were (the same `--transport`, the same RDMA port), but
-/// instances of their own, so a group's queue pairs, slots and memory registrations live and
-/// die with its communicator and are never seen by another group. `device_buffers` (`-g`):
-/// the groups' verbs transports keep off their eager path (see `verbs::for_rank`).
-pub(crate) fn group_factory(
-    world: &World,
-    store: Arc<dyn Store>,
-    opts: &JoinOptions,
-    kind: TransportKind,
-    timeout: Duration,
-    abort: Abort,
-    device_buffers: bool,
-) -> Result<Factory> {
-    let tcp = opts.tcp(local_address(world, opts.socket_ifname.as_deref())?);
-    let node = NodeId::here(&world.hostname);
-    let ib_hca = opts.ib_hca.clone();
-    let local_rank = world.local_rank;
-    let transports = move |identity: Identity| -> Result<Box<dyn Transport>, BoxError> {
-        let verbs = crate::verbs::for_rank(
-            kind,
-            device_buffers,
-            ib_hca.as_deref(),
-            local_rank,
-            timeout,
-            identity,
-            tcp.bind,
-            tcp.advertise,
-        )?
-        .map(|(member, _)| member);
-        Ok(match multi_transport(kind, identity, tcp, &node, verbs)? {
-            Some(m) => Box::new(m),
-            None => tcp_transport(identity, tcp),
-        })
-    };
-    let token = opts.token.clone();
-    Ok(Factory::new(
-        store,
-        token,
-        world.rank,
-        timeout,
-        abort,
-        Box::new(transports),
-    )?)
 }
 
 /// Join a multi-rank job's rendezvous.

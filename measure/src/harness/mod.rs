@@ -14,18 +14,22 @@
 //! time is the sum of the iterations). `-u` starts the send and receive data that many
 //! elements into their buffers, which are allocated 8 bytes per element larger.
 
-use crate::gpu::DeviceMem;
-use crate::memory;
-use crate::plan::{Average, Plan};
-use crate::specs::{CollectiveSpec, DataCtx, HostFill, Redop};
-use anyhow::{Context, Result};
+mod buffers;
+mod cell;
+mod clock;
+mod meter;
+
+use crate::device::DeviceMem;
+use crate::error::{Context, Error, Result};
+use crate::plan::Plan;
+use crate::specs::{DataCtx, Redop};
+use buffers::{alloc, Buffers, Memory};
 use busbw_collectives::algo::{calibrate, Algo, CostModel};
-use busbw_collectives::verifiable::count_wrong;
-use busbw_collectives::{
-    all_reduce_values, barrier, Communicator, DataType, HostBuffer, MemorySpace, ReduceOp,
-};
-use busbw_reports::run::IterStats;
+use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, ReduceOp};
 use busbw_reports::{Cell, CellDetail, Measured, MemoryUsage, Row, Sink};
+use cell::{cell, checks, timing};
+use clock::Clock;
+use meter::Meter;
 use std::time::Instant;
 
 /// What the footer needs.
@@ -50,141 +54,11 @@ impl Summary {
     }
 }
 
-struct Buffers {
-    send: HostBuffer,
-    recv: HostBuffer,
-    expected: Option<HostBuffer>,
-    /// `-u` in bytes of the current type: where the send and receive data start.
-    base: usize,
-}
-
-impl Buffers {
-    fn recv(&mut self) -> &mut [u8] {
-        &mut self.recv.as_mut_slice()[self.base..]
-    }
-    /// The send and receive data, and the whole expected buffer, borrowed together.
-    fn fill(&mut self, dtype: DataType, expected: bool) -> HostFill<'_> {
-        HostFill {
-            dtype,
-            send: &mut self.send.as_mut_slice()[self.base..],
-            recv: &mut self.recv.as_mut_slice()[self.base..],
-            expected: match (expected, self.expected.as_mut()) {
-                (true, Some(e)) => Some(e.as_mut_slice()),
-                _ => None,
-            },
-        }
-    }
-}
-
-/// `-z`: what follows an operation or an iteration in the timed loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Blocking {
-    /// 0 and 2: nothing beyond the operation's own completion.
-    Off,
-    /// 1: a barrier after each operation, inside the timed loop.
-    EachOp,
-    /// 3: a barrier after each iteration, outside the time.
-    EachIter,
-}
-
-impl Blocking {
-    fn of(plan: &Plan) -> Blocking {
-        match plan.blocking {
-            1 => Blocking::EachOp,
-            3 => Blocking::EachIter,
-            _ => Blocking::Off,
-        }
-    }
-}
-
-/// The timed loop's clock: iteration laps and the loop's total, which with `-z 3` leaves
-/// out the barriers between iterations.
-struct Clock {
-    blocking: Blocking,
-    agg: usize,
-    /// The time source (a fake one in tests).
-    now: fn() -> Instant,
-    start: Instant,
-    lap_start: Instant,
-    timed: f64,
-    laps: Vec<f64>,
-}
-
-impl Clock {
-    fn start(plan: &Plan) -> Clock {
-        Clock::with(Blocking::of(plan), plan.agg_iters, plan.iters, Instant::now)
-    }
-
-    fn with(blocking: Blocking, agg: u32, iters: u32, now: fn() -> Instant) -> Clock {
-        let t = now();
-        Clock {
-            blocking,
-            agg: agg.max(1) as usize,
-            now,
-            start: t,
-            lap_start: t,
-            timed: 0.0,
-            laps: Vec::with_capacity(iters as usize),
-        }
-    }
-
-    /// After operation `k` (0-based) of the loop: the barriers `-z` asks for, and a lap at
-    /// the end of each iteration.
-    fn after_op(&mut self, comm: &mut Communicator, k: usize) -> Result<()> {
-        self.after_op_with(k, || barrier(comm).map_err(Into::into))
-    }
-
-    fn after_op_with(&mut self, k: usize, mut barrier: impl FnMut() -> Result<()>) -> Result<()> {
-        if self.blocking == Blocking::EachOp {
-            barrier()?;
-        }
-        if (k + 1).is_multiple_of(self.agg) {
-            let now = (self.now)();
-            let lap = (now - self.lap_start).as_secs_f64();
-            self.laps.push(lap / self.agg as f64);
-            self.lap_start = now;
-            if self.blocking == Blocking::EachIter {
-                self.timed += lap;
-                barrier()?;
-                self.lap_start = (self.now)();
-            }
-        }
-        Ok(())
-    }
-
-    /// Seconds per operation.
-    fn per_op(&self, total_ops: usize) -> f64 {
-        let secs = match self.blocking {
-            Blocking::EachIter => self.timed,
-            _ => ((self.now)() - self.start).as_secs_f64(),
-        };
-        secs / total_ops as f64
-    }
-}
-
-/// A buffer with every page already mapped: the operating system maps a fresh allocation on
-/// first touch, and a touch inside the timed loop (the first pass over the rotation's window)
-/// would time page faults, which nccl-tests' device memory never takes. `shared`: memory
-/// that local peers can map, for the direct AllReduce.
-fn alloc(bytes: usize, what: &str, rank: usize, shared: bool) -> Result<HostBuffer> {
-    let b = if shared {
-        HostBuffer::shared(bytes)
-    } else {
-        HostBuffer::mapped(bytes)
-    };
-    b.with_context(|| {
-        format!(
-            "rank {rank}: cannot allocate {bytes} bytes for the {what} buffer; lower -e (or \
-             --rotate, whose window every buffer holds)"
-        )
-    })
-}
-
 pub fn run(comm: &mut Communicator, plan: &Plan, sink: Option<&mut dyn Sink>) -> Result<Summary> {
     run_with(comm, plan, sink, None)
 }
 
-/// [`run`], with the buffers on `dev` when given (`-g 1`; see `gpu.rs`).
+/// [`run`], with the buffers on `dev` when given (`-g 1`; see `device.rs`).
 pub fn run_with(
     comm: &mut Communicator,
     plan: &Plan,
@@ -235,7 +109,7 @@ pub fn run_with(
     let mut summary = Summary::default();
     let mut seed = 0u64;
     let mut warmed = false;
-    let roots = plan.roots(n).map_err(anyhow::Error::msg)?;
+    let roots = plan.roots(n).map_err(Error::Usage)?;
     // Auto needs the job's cost model; measuring it is a collective, so every rank does it
     // here, at the same point, and gets the same model.
     let mut model = if plan.algo == Algo::Auto {
@@ -290,88 +164,6 @@ pub fn run_with(
         summary.memory = Some(m.finish(comm, dev)?);
     }
     Ok(summary)
-}
-
-/// `-M`: the memory figures at each phase boundary (see `memory.rs`).
-struct Meter {
-    /// Host: resident bytes; device: free bytes, at the start of the phase being measured.
-    joined: u64,
-    initialization: i64,
-    user_allocated: i64,
-    ready: u64,
-}
-
-impl Meter {
-    /// Before the buffers are allocated: the job is joined.
-    fn start(plan: &Plan, dev: Option<&mut DeviceMem>) -> Result<Option<Meter>> {
-        if !plan.memory_report {
-            return Ok(None);
-        }
-        let (joined, initialization) = match dev {
-            Some(d) => {
-                let free = d.free_memory()?;
-                (free, d.opened_free() as i64 - free as i64)
-            }
-            None => {
-                let now = memory::resident();
-                (now, now as i64 - memory::start() as i64)
-            }
-        };
-        Ok(Some(Meter {
-            joined,
-            initialization,
-            user_allocated: 0,
-            ready: 0,
-        }))
-    }
-
-    /// After the buffers are allocated (`host` bytes of this rank's host buffers). With
-    /// several ranks per process, the resident memory is theirs together: a barrier lets
-    /// every rank allocate first, and the process's buffers are counted exactly.
-    fn allocated(
-        &mut self,
-        comm: &mut Communicator,
-        plan: &Plan,
-        host: u64,
-        dev: Option<&mut DeviceMem>,
-    ) -> Result<()> {
-        match dev {
-            Some(d) => {
-                self.ready = d.free_memory()?;
-                self.user_allocated = self.joined as i64 - self.ready as i64;
-            }
-            None => {
-                barrier(comm).context("barrier after allocating the buffers")?;
-                self.ready = memory::resident();
-                let process = host as i64 * plan.ranks_per_process() as i64;
-                self.user_allocated = process;
-                // Whatever else arrived since the job was joined (other ranks' joins on this
-                // process's threads) belongs to initialisation.
-                self.initialization += self.ready as i64 - self.joined as i64 - process;
-            }
-        }
-        Ok(())
-    }
-
-    /// After the sweep: what the collectives kept (staging, connections, registrations),
-    /// then the largest figures over the job.
-    fn finish(self, comm: &mut Communicator, dev: Option<&mut DeviceMem>) -> Result<MemoryUsage> {
-        let (kind, collective) = match dev {
-            Some(d) => ("GPU", self.ready as i64 - d.free_memory()? as i64),
-            None => {
-                barrier(comm).context("barrier before measuring memory")?;
-                ("Host", memory::resident() as i64 - self.ready as i64)
-            }
-        };
-        let mut v = [self.initialization, self.user_allocated, collective];
-        all_reduce_values(comm, &mut v, ReduceOp::Max).context("combining -M's figures")?;
-        Ok(MemoryUsage {
-            kind: kind.into(),
-            initialization: v[0],
-            user_allocated: v[1],
-            collective: v[2],
-        })
-    }
 }
 
 /// What one sweep runs.
@@ -448,7 +240,9 @@ fn sweep(
         cycle += 1;
         for &size in &plan.sizes {
             if plan.fail_rank == Some(rank) {
-                anyhow::bail!("failing on purpose at {size} bytes (--debug-fail-rank {rank})");
+                return Err(Error::Injected(format!(
+                    "failing on purpose at {size} bytes (--debug-fail-rank {rank})"
+                )));
             }
             let counts = (spec.counts)(size, dtype, n);
             let mut cells = [None, None];
@@ -504,143 +298,6 @@ fn sweep(
         }
     }
     Ok(())
-}
-
-/// Where a cell's buffers live. The timed loop, its clock, the combined timing and the
-/// checks are one code path (`bench`) whatever the memory; only the operation and the
-/// validation run differ.
-trait Memory {
-    /// How many span-sized offsets the buffers hold (nccl-tests' rotation).
-    fn shifts(&self, span: usize) -> usize;
-    /// Input data for the timed runs, when they are checked afterwards.
-    fn prime(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-    ) -> Result<()>;
-    /// One operation with its data `off` bytes in. With `timed`, the operation's own time
-    /// when this memory measures it (device events), `None` for the host clock's laps.
-    fn op(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-        off: usize,
-        timed: bool,
-    ) -> Result<Option<f64>>;
-    /// One validation run: fresh data for `vctx`, the operation, this rank's wrong count
-    /// over `checked` (flipping a bit there first when `corrupt`).
-    fn validate(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        vctx: &DataCtx,
-        checked: std::ops::Range<usize>,
-        corrupt: bool,
-    ) -> Result<u64>;
-}
-
-impl Memory for Buffers {
-    fn shifts(&self, span: usize) -> usize {
-        let (send, recv) = (self.send.len(), self.recv.len());
-        (send.max(recv) - self.base)
-            .checked_div(span)
-            .unwrap_or(1)
-            .max(1)
-    }
-    fn prime(
-        &mut self,
-        _comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-    ) -> Result<()> {
-        (spec.init)(ctx, &mut self.fill(ctx.dtype, false));
-        Ok(())
-    }
-    fn op(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-        off: usize,
-        _timed: bool,
-    ) -> Result<Option<f64>> {
-        let (sb, span) = (
-            ctx.counts.send_bytes,
-            ctx.counts.send_bytes.max(ctx.counts.recv_bytes),
-        );
-        let send = &self.send.as_slice()[self.base..];
-        let recv = &mut self.recv.as_mut_slice()[self.base..];
-        let s = &send[off.min(send.len().saturating_sub(sb))..];
-        let roff = off.min(recv.len().saturating_sub(span));
-        (spec.run)(comm, s, &mut recv[roff..], MemorySpace::Host, ctx)?;
-        Ok(None)
-    }
-    fn validate(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        vctx: &DataCtx,
-        checked: std::ops::Range<usize>,
-        corrupt: bool,
-    ) -> Result<u64> {
-        let span = vctx.counts.send_bytes.max(vctx.counts.recv_bytes);
-        self.recv()[..span].fill(0);
-        (spec.init)(vctx, &mut self.fill(vctx.dtype, true));
-        let send = &self.send.as_slice()[self.base..];
-        let recv = &mut self.recv.as_mut_slice()[self.base..];
-        (spec.run)(comm, send, recv, MemorySpace::Host, vctx)?;
-        if corrupt && !checked.is_empty() {
-            recv[checked.start] ^= 0x01;
-        }
-        Ok(match &self.expected {
-            Some(e) => count_wrong(
-                vctx.dtype,
-                vctx.op,
-                &recv[checked.clone()],
-                &e.as_slice()[..checked.len()],
-            ),
-            None => 0,
-        })
-    }
-}
-
-/// Device buffers (`-g 1`; `gpu.rs`): each operation staged through the pinned twins and
-/// lapped with CUDA events, the data made and checked on the device.
-impl Memory for DeviceMem {
-    fn shifts(&self, span: usize) -> usize {
-        DeviceMem::shifts(self, span)
-    }
-    fn prime(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-    ) -> Result<()> {
-        self.validate(comm, spec.init, spec.run, ctx, 0..0, false)
-            .map(drop)
-    }
-    fn op(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        ctx: &DataCtx,
-        off: usize,
-        timed: bool,
-    ) -> Result<Option<f64>> {
-        DeviceMem::op(self, comm, spec.run, ctx, off, off, timed)
-    }
-    fn validate(
-        &mut self,
-        comm: &mut Communicator,
-        spec: &CollectiveSpec,
-        vctx: &DataCtx,
-        checked: std::ops::Range<usize>,
-        corrupt: bool,
-    ) -> Result<u64> {
-        DeviceMem::validate(self, comm, spec.init, spec.run, vctx, checked, corrupt)
-    }
 }
 
 /// Longest first warmup pass over a cell's rotation positions that is followed by a second.
@@ -746,180 +403,10 @@ fn bench(
     Ok(cell(t, algbw, busbw, wrong, detail))
 }
 
-fn cell(t: f64, algbw: f64, busbw: f64, wrong: Option<u64>, d: CellDetail) -> (Cell, CellDetail) {
-    let c = Cell {
-        time_us: t * 1e6,
-        algbw,
-        busbw,
-        wrong,
-    };
-    (c, d)
-}
-
-/// The `-c` validation runs of one cell (fresh seeds; stop at the first with wrong data),
-/// each done by `one(comm, ctx, checked range)`, which returns this rank's wrong count;
-/// `None` where the cell is not validated.
-fn checks(
-    comm: &mut Communicator,
-    plan: &Plan,
-    ctx: &DataCtx,
-    seed: &mut u64,
-    summary: &mut Summary,
-    mut one: impl FnMut(&mut Communicator, &DataCtx, std::ops::Range<usize>) -> Result<u64>,
-) -> Result<Option<u64>> {
-    let spec = plan.spec;
-    if plan.check == 0 || (!spec.checks_in_place && ctx.in_place) {
-        return Ok(None);
-    }
-    let mut local = 0u64;
-    let checked = (spec.checked)(ctx);
-    for _ in 0..plan.check {
-        *seed += 1;
-        let vctx = DataCtx {
-            seed: *seed,
-            ..*ctx
-        };
-        local = one(comm, &vctx, checked.clone())?;
-        if local > 0 {
-            break;
-        }
-    }
-    Ok(Some(wrong_totals(comm, local, summary)?))
-}
-
-/// Job-wide `#wrong` of one cell from this rank's count; counts the cell as out of bounds.
-fn wrong_totals(comm: &mut Communicator, local: u64, summary: &mut Summary) -> Result<u64> {
-    let mut totals = [local, u64::from(local > 0)];
-    all_reduce_values(comm, &mut totals, ReduceOp::Sum)?;
-    summary.out_of_bounds += totals[1];
-    Ok(totals[0])
-}
-
-/// The printed time (combined across ranks by `-a`), algbw, busbw and the per-iteration
-/// detail of one cell.
-fn timing(
-    comm: &mut Communicator,
-    plan: &Plan,
-    ctx: &DataCtx,
-    mean_s: f64,
-    laps: &[f64],
-) -> Result<(f64, f64, f64, CellDetail)> {
-    let (spec, n) = (plan.spec, comm.size());
-    let mut secs = [mean_s];
-    let detail = spread(comm, secs[0], laps)?;
-    match plan.average {
-        Average::Rank0 => {}
-        Average::Mean => {
-            all_reduce_values(comm, &mut secs, ReduceOp::Sum)?;
-            secs[0] /= n as f64;
-        }
-        Average::Min => all_reduce_values(comm, &mut secs, ReduceOp::Min)?,
-        Average::Max => all_reduce_values(comm, &mut secs, ReduceOp::Max)?,
-    }
-    let t = secs[0];
-    let algbw = if t > 0.0 {
-        (spec.alg_bytes)(&ctx.counts, n) / 1e9 / t
-    } else {
-        0.0
-    };
-    let busbw = algbw * (spec.busbw_factor)(n);
-    Ok((t, algbw, busbw, detail))
-}
-
-/// Largest `ranks × iterations` matrix gathered for per-rank iteration times (512 KiB of f64):
-/// beyond it only the per-iteration maximum travels.
-const PER_RANK_LIMIT: usize = 1 << 16;
-
-/// Combines this rank's mean time and iteration laps with everyone's: the fastest and slowest
-/// rank's mean, each iteration's slowest rank (the job waits for it), and, for jobs small
-/// enough, every rank's laps. All ranks take part; rank 0 keeps the statistics.
-fn spread(comm: &mut Communicator, mean_s: f64, laps: &[f64]) -> Result<CellDetail> {
-    let (rank, n, iters) = (comm.rank(), comm.size(), laps.len());
-    let mut v: Vec<f64> = laps.to_vec();
-    v.extend([mean_s, -mean_s]);
-    all_reduce_values(comm, &mut v, ReduceOp::Max)?;
-    let per_rank = if n > 1 && n * iters <= PER_RANK_LIMIT {
-        let mut m = vec![0.0f64; n * iters];
-        m[rank * iters..(rank + 1) * iters].copy_from_slice(laps);
-        all_reduce_values(comm, &mut m, ReduceOp::Sum)?;
-        m.chunks(iters.max(1))
-            .map(|r| r.iter().map(|t| t * 1e6).collect())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let us: Vec<f64> = v[..iters].iter().map(|t| t * 1e6).collect();
-    Ok(CellDetail {
-        time_min_us: -v[iters + 1] * 1e6,
-        time_max_us: v[iters] * 1e6,
-        iterations: if rank == 0 {
-            IterStats::from_samples(&us, per_rank)
-        } else {
-            None
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
-    use std::sync::OnceLock;
-    use std::time::Duration;
-
-    thread_local! {
-        /// The fake clock's reading, as an offset from a fixed instant.
-        static FAKE: Cell<Duration> = const { Cell::new(Duration::ZERO) };
-    }
-    fn fake_now() -> Instant {
-        static BASE: OnceLock<Instant> = OnceLock::new();
-        *BASE.get_or_init(Instant::now) + FAKE.with(|f| f.get())
-    }
-    fn advance(d: Duration) {
-        FAKE.with(|f| f.set(f.get() + d));
-    }
-
-    /// 3 iterations of 2 operations, each operation 10 ms and each barrier 1 s on a fake
-    /// clock: returns (seconds per operation, laps, barriers run).
-    fn run(blocking: Blocking) -> (f64, Vec<f64>, usize) {
-        let (iters, agg) = (3u32, 2u32);
-        let mut clock = Clock::with(blocking, agg, iters, fake_now);
-        let mut barriers = 0;
-        for k in 0..(iters * agg) as usize {
-            advance(Duration::from_millis(10));
-            clock
-                .after_op_with(k, || {
-                    barriers += 1;
-                    advance(Duration::from_secs(1));
-                    Ok(())
-                })
-                .unwrap();
-        }
-        (clock.per_op((iters * agg) as usize), clock.laps, barriers)
-    }
-
-    #[test]
-    fn blocking_modes_put_their_barriers_inside_or_outside_the_time() {
-        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        // -z 0/2: no barrier; each iteration's lap is its operations' mean.
-        let (t, laps, b) = run(Blocking::Off);
-        assert_eq!(b, 0);
-        assert!(close(t, 0.010), "{t}");
-        assert!(
-            laps.len() == 3 && laps.iter().all(|&l| close(l, 0.010)),
-            "{laps:?}"
-        );
-        // -z 1: a barrier after every operation, timed.
-        let (t, laps, b) = run(Blocking::EachOp);
-        assert_eq!(b, 6);
-        assert!(close(t, 1.010), "{t}");
-        assert!(laps.iter().all(|&l| close(l, 1.010)), "{laps:?}");
-        // -z 3: a barrier after every iteration, left out of the time and the laps.
-        let (t, laps, b) = run(Blocking::EachIter);
-        assert_eq!(b, 3);
-        assert!(close(t, 0.010), "{t}");
-        assert!(laps.iter().all(|&l| close(l, 0.010)), "{laps:?}");
-    }
+    use busbw_collectives::MemorySpace;
 
     /// What a spy saw of one operation: rank, send bytes, send and receive addresses.
     type Seen = (usize, usize, usize, usize);
@@ -951,22 +438,22 @@ mod tests {
     spy!(unalign_spy, UNALIGNED);
     spy!(rotation_spy, ROTATED);
 
-    /// `busbw all_reduce_perf <flags>` on two in-process ranks with `run` as the AllReduce:
-    /// each rank's count of wrong elements, and what `log` recorded (taken out of it).
+    /// `busbw all_reduce_perf -d float -b min -e max -f factor -n iters <more>` on two
+    /// in-process ranks with `run` as the AllReduce: each rank's count of wrong elements,
+    /// and what `log` recorded (taken out of it).
     fn run_spied(
-        flags: &str,
+        sizes: (u64, u64, u64, u32),
+        more: impl FnOnce(&mut Plan),
         run: crate::specs::RunFn,
         log: &std::sync::Mutex<Vec<Seen>>,
     ) -> (Plan, Vec<u64>, Vec<Seen>) {
-        use clap::Parser;
-        let args = ["busbw", "all_reduce_perf"]
-            .into_iter()
-            .chain(flags.split_whitespace());
-        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
         let real = crate::specs::find("all_reduce").unwrap();
         let spec: &'static crate::specs::CollectiveSpec =
             Box::leak(Box::new(crate::specs::CollectiveSpec { run, ..*real }));
-        let plan = Plan::new(spec, cli.command.args().unwrap()).unwrap();
+        let (min, max, factor, iters) = sizes;
+        let mut plan = Plan::defaults(spec).with_sizes(min, max, 1 << 20, factor);
+        plan.iters = iters;
+        more(&mut plan);
         let comms = busbw_collectives::testing::thread_world(
             2,
             busbw_collectives::testing::ThreadTransport::Inproc,
@@ -985,8 +472,9 @@ mod tests {
 
     #[test]
     fn unalign_shifts_every_operation_by_whole_elements_and_still_validates() {
-        let flags = "-b 64 -e 256 -f 2 -n 3 -u 3 -d float";
-        let (plan, wrong, seen) = run_spied(flags, unalign_spy, &UNALIGNED);
+        // -b 64 -e 256 -f 2 -n 3 -u 3
+        let (plan, wrong, seen) =
+            run_spied((64, 256, 2, 3), |p| p.unalign = 3, unalign_spy, &UNALIGNED);
         assert_eq!(plan.unalign, 3);
         assert_eq!(wrong, [0, 0], "validation fails on shifted buffers");
         // Warmup, untimed, timed and validation operations, 2 ranks, 3 sizes, 2 placements.
@@ -1000,8 +488,13 @@ mod tests {
     /// Distinct send addresses rank 0 used for 64-byte operations, and how far apart the
     /// extremes are, in a run of `-b 64 -e <max> --rotate <rotate>`.
     fn positions_of_64(max: &str, rotate: &str) -> (usize, usize) {
-        let flags = format!("-b 64 -e {max} -f 4 -n 40 -c 0 -d float --rotate {rotate}");
-        let (_, _, seen) = run_spied(&flags, rotation_spy, &ROTATED);
+        let max = crate::sizes::parse_size(max).unwrap();
+        let rotation = crate::sizes::Rotation::parse(rotate).unwrap();
+        let more = |p: &mut Plan| {
+            p.check = 0;
+            p.rotation = rotation;
+        };
+        let (_, _, seen) = run_spied((64, max, 4, 40), more, rotation_spy, &ROTATED);
         let mut at: Vec<usize> = seen
             .iter()
             .filter(|s| s.0 == 0 && s.1 == 64)

@@ -12,8 +12,8 @@
 //! Without feature `cuda` [`DeviceMem`] is uninhabited: the harness's device branches
 //! compile and are never taken.
 
+use crate::error::{Error, Result};
 use crate::specs::{DataCtx, InitFn, RunFn};
-use anyhow::Result;
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::Communicator;
 use std::ops::Range;
@@ -54,40 +54,6 @@ impl GpuLine {
 #[cfg(feature = "cuda")]
 pub use imp::DeviceMem;
 
-/// `busbw gpu-bench`: exit 0, 2 (no CUDA in the build or on the host) or 1 (a CUDA error).
-pub fn bench_main(a: &crate::cli::GpuBenchArgs) -> i32 {
-    use crate::cli::Choice;
-    use busbw_collectives::{DataType, ReduceOp};
-    if !cfg!(feature = "cuda") {
-        eprintln!("busbw: error: {NO_CUDA_BUILD}");
-        return crate::exit::USAGE;
-    }
-    if let Err(e) = busbw_collectives::cuda::probe() {
-        eprintln!("busbw: error: {e}");
-        return crate::exit::USAGE;
-    }
-    let dtypes = match &a.dtype {
-        Choice::All => DataType::ALL.to_vec(),
-        Choice::One(d) => vec![*d],
-    };
-    let op = match &a.op {
-        Choice::All => ReduceOp::Sum,
-        Choice::One(o) => *o,
-    };
-    match kernel_bench(a.device, a.bytes as usize, a.iters.max(1), &dtypes, op) {
-        Ok(lines) => {
-            for l in lines {
-                println!("{l}");
-            }
-            crate::exit::OK
-        }
-        Err(e) => {
-            eprintln!("busbw: error: gpu-bench: {e:#}");
-            crate::exit::INTERNAL
-        }
-    }
-}
-
 /// One row of the kernel table: what ran, bytes moved per run, seconds per run.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn bench_row(kernel: &str, dtype: &str, moved: usize, secs: f64, copy_gbs: f64) -> String {
@@ -121,19 +87,20 @@ pub fn bench_header(device: &str, bytes: usize, iters: u32) -> Vec<String> {
     ]
 }
 
+/// Times the device's copy and reduction kernels (`busbw gpu-bench`).
 #[cfg(not(feature = "cuda"))]
-fn kernel_bench(
+pub fn kernel_bench(
     _device: usize,
     _bytes: usize,
     _iters: u32,
     _dtypes: &[busbw_collectives::DataType],
     _op: busbw_collectives::ReduceOp,
 ) -> Result<Vec<String>> {
-    anyhow::bail!(NO_CUDA_BUILD)
+    Err(Error::Usage(NO_CUDA_BUILD.into()))
 }
 
 #[cfg(feature = "cuda")]
-use imp::kernel_bench;
+pub use imp::kernel_bench;
 
 #[cfg(not(feature = "cuda"))]
 pub enum DeviceMem {}
@@ -141,7 +108,7 @@ pub enum DeviceMem {}
 #[cfg(not(feature = "cuda"))]
 impl DeviceMem {
     pub fn open(_slot: Slot) -> Result<DeviceMem> {
-        anyhow::bail!(NO_CUDA_BUILD)
+        Err(Error::Usage(NO_CUDA_BUILD.into()))
     }
     pub fn line(&self) -> GpuLine {
         match *self {}
@@ -192,8 +159,8 @@ impl DeviceMem {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
+    use crate::error::Context;
     use crate::specs::{Buf, Fill, Gen};
-    use anyhow::Context;
     use busbw_collectives::cuda::device::{
         CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Pinned,
     };
