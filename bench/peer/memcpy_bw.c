@@ -1,5 +1,5 @@
 /*
- * memcpy_bw.c - single-core memcpy bandwidth, the physical reference for vs_openmpi.sh.
+ * memcpy_bw.c - single-core memcpy bandwidth, the physical reference for vs-openmpi.sh.
  *
  * Copies SIZE bytes (default 256 MiB) REPS times (default 10) between two pre-touched buffers
  * on one thread and prints bytes copied per second (each byte is read once and written once,

@@ -1,6 +1,6 @@
 /*
  * tcp_exchange.c - the floor of a two-rank exchange over TCP loopback, the physical reference
- * for small TCP AllReduces in vs_openmpi.sh.
+ * for small TCP AllReduces in vs-openmpi.sh.
  *
  * Two processes joined by one TCP connection on 127.0.0.1 (TCP_NODELAY) each send BYTES and
  * then spin on a non-blocking recv(2) until the peer's BYTES are in, ITERS times after WARMUP

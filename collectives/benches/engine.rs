@@ -3,7 +3,7 @@
 //! the length asked for), so a call is only the algorithm's bookkeeping: plan, post, test,
 //! reduce, hand back. At 8 bytes over shared memory that bookkeeping sits on the critical path
 //! of every hop, and unlike a ping-pong it does not depend on a peer's scheduling: its
-//! instruction count is the same on a loaded machine (`bench/scripts/engine_instructions.sh`
+//! instruction count is the same on a loaded machine (`bench/scripts/engine-instructions.sh`
 //! counts it with callgrind).
 //!
 //! `cargo bench -p busbw-collectives --bench engine` prints ns per call (median of rounds)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster_bw.sh: busbw AllReduce across a simulated cluster with shaped links, compared with
+# cluster-bw.sh: busbw AllReduce across a simulated cluster with shaped links, compared with
 # the link itself. Builds a cluster of N network-namespace nodes (bench/tests/simcluster.sh)
 # whose links are shaped to RATE (tbf, both directions), measures iperf3 between two nodes as
 # the link reference, runs `busbw all_reduce_perf` with one rank per node up to MAX bytes
@@ -7,7 +7,7 @@
 # iperf3's goodput. For a ring AllReduce, busbw is what each link carries, so the ideal is
 # the link's goodput. Always tears the cluster down. Needs root.
 #
-#   bench/scripts/cluster_bw.sh [--nodes 4] [--rate 1gbit] [--mtu 1500] [--min 32M] [--max 256M]
+#   bench/scripts/cluster-bw.sh [--nodes 4] [--rate 1gbit] [--mtu 1500] [--min 32M] [--max 256M]
 #                               [--iters 3] [--no-build] [-- extra busbw flags]
 #
 # BUSBW=/path/to/busbw skips the build and runs that binary.
@@ -34,14 +34,14 @@ while (($#)); do
     --no-build) BUILD=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h | --help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "cluster_bw.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    *) echo "cluster-bw.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 
-[[ $EUID -eq 0 ]] || { echo "cluster_bw.sh: needs root (network namespaces)" >&2; exit 2; }
-((NODES >= 2)) || { echo "cluster_bw.sh: --nodes must be at least 2" >&2; exit 2; }
+[[ $EUID -eq 0 ]] || { echo "cluster-bw.sh: needs root (network namespaces)" >&2; exit 2; }
+((NODES >= 2)) || { echo "cluster-bw.sh: --nodes must be at least 2" >&2; exit 2; }
 if ! command -v iperf3 >/dev/null; then
-    echo "cluster_bw.sh: iperf3 is missing; install it with: apt-get install -y iperf3" >&2
+    echo "cluster-bw.sh: iperf3 is missing; install it with: apt-get install -y iperf3" >&2
     exit 2
 fi
 
@@ -54,10 +54,10 @@ else
         cargo build --release -p busbw --manifest-path "$ROOT/Cargo.toml" >&2
     fi
 fi
-[[ -x $BIN ]] || { echo "cluster_bw.sh: no busbw binary at $BIN" >&2; exit 2; }
+[[ -x $BIN ]] || { echo "cluster-bw.sh: no busbw binary at $BIN" >&2; exit 2; }
 
-# shellcheck source=bench/scripts/sim_lib.sh
-. "$ROOT/bench/scripts/sim_lib.sh"
+# shellcheck source=bench/scripts/sim-lib.sh
+. "$ROOT/bench/scripts/sim-lib.sh"
 # The shaped rate in bits/s (tc syntax: 1gbit, 500mbit, 100mbps ...).
 rate_bits() {
     local r=${1,,} n
@@ -72,7 +72,7 @@ MAXB=$(bytes "$MAX")
 RATEB=$(rate_bits "$RATE")
 
 NAME="cbw$$"
-WORK=$(mktemp -d /tmp/cluster_bw.XXXXXX)
+WORK=$(mktemp -d /tmp/cluster-bw.XXXXXX)
 cleanup() {
     bash "$SIM" down "$NAME" >/dev/null 2>&1 || true
     rm -rf "$WORK"
@@ -102,7 +102,7 @@ done
 cat "$WORK/out.0"
 if ((rc != 0)); then
     for ((i = 0; i < NODES; i++)); do sed "s/^/[node$i] /" "$WORK/err.$i" >&2; done
-    echo "cluster_bw.sh: busbw failed with exit code $rc" >&2
+    echo "cluster-bw.sh: busbw failed with exit code $rc" >&2
     exit "$rc"
 fi
 
@@ -112,10 +112,10 @@ fi
 read -r OOP IP < <(awk -v s="$MAXB" -v n="$NODES" '!/^#/ && $1 == s {
     f = 2 * (n - 1) / n
     printf "%.6f %.6f\n", s / $6 / 1e3 * f, s / $10 / 1e3 * f }' "$WORK/out.0")
-[[ -n ${OOP:-} ]] || { echo "cluster_bw.sh: no $MAXB-byte row in the table" >&2; exit 1; }
+[[ -n ${OOP:-} ]] || { echo "cluster-bw.sh: no $MAXB-byte row in the table" >&2; exit 1; }
 awk -v oop="$OOP" -v ip="$IP" -v rate="$RATEB" -v iperf="$IPERF_MBITS" -v n="$NODES" \
     -v max="$MAX" -v rname="$RATE" 'BEGIN {
-    printf "#\n# cluster_bw: %d nodes x 1 rank, links shaped to %s (tbf both ways)\n", n, rname
+    printf "#\n# cluster-bw: %d nodes x 1 rank, links shaped to %s (tbf both ways)\n", n, rname
     printf "# %-40s: %7.1f Mbit/s = %.3f of the shaped rate\n", "iperf3 goodput, 1 TCP stream", iperf, iperf * 1e6 / rate
     printf "# %-40s: %.4f GB/s = %7.1f Mbit/s\n", "busbw at " max ", out-of-place", oop, oop * 8000
     printf "# %-40s: %.4f GB/s = %7.1f Mbit/s\n", "busbw at " max ", in-place", ip, ip * 8000

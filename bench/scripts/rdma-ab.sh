@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# rdma_ab.sh: two verbs builds of busbw on the same SoftRoCE link, alternating, to tell a
+# rdma-ab.sh: two verbs builds of busbw on the same SoftRoCE link, alternating, to tell a
 # regression from noise where rxe under emulation swings from one run to the next. Two guests
 # of the test bed (rdma-vm.sh), one rank each; every round runs both builds, in turn (the first
 # build first in odd rounds, second in even ones): sendrecv_perf at 8 B (2000 iterations) and
 # at 1 and 4 MiB, all_reduce_perf at 8 B and 2 MiB. Prints the medians over the rounds of the
 # out-of-place time of each build and their ratio (after / before).
 #
-#   rdma_ab.sh BEFORE AFTER [ROUNDS]      (both built with --features verbs; needs root)
+#   rdma-ab.sh BEFORE AFTER [ROUNDS]      (both built with --features verbs; needs root)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 (($# >= 2)) || { echo "usage: ${0##*/} BEFORE AFTER [ROUNDS]" >&2; exit 2; }
@@ -31,7 +31,7 @@ port=31000
 bb() { # build label, name, busbw arguments
     local bin=$1 name=$2; shift 2
     port=$((port + 1))
-    # perftest's ack timeout (67 ms) rather than NCCL's 4.3 s, as rdma_vs_perftest.sh does.
+    # perftest's ack timeout (67 ms) rather than NCCL's 4.3 s, as rdma-vs-perftest.sh does.
     RANK=$i WORLD_SIZE=2 MASTER_ADDR=vm0 MASTER_PORT=$port NCCL_IB_TIMEOUT=14 "$bin" "$@" \
         --transport verbs -T 300 >"$VM_OUT/$name" 2>&1
     sleep 1

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# ab_builds.sh: two builds of busbw on the same machine in the same run, alternating, to tell a
+# ab-builds.sh: two builds of busbw on the same machine in the same run, alternating, to tell a
 # regression from noise (BENCHMARKS.md, "Host path after the offload hooks").
 #
 #   git worktree add /tmp/base <commit> && (cd /tmp/base && cargo build --release -p busbw)
 #   cargo build --release -p busbw
-#   bench/scripts/ab_builds.sh /tmp/base/target/release/busbw target/release/busbw [PAIRS] [NP]
+#   bench/scripts/ab-builds.sh /tmp/base/target/release/busbw target/release/busbw [PAIRS] [NP]
 #
 # Each pair runs both builds once per transport (shm, tcp): all_reduce_perf at 8 B, 1 KiB,
 # 128 KiB and 16 MiB, 20 timed iterations, no validation. Prints per transport and size the
@@ -18,7 +18,7 @@ BEFORE=$1 AFTER=$2 PAIRS=${3:-7} NP=${4:-2}
 COLL=${AB_COLL:-all_reduce_perf}
 read -r -a EXTRA <<<"${AB_EXTRA:-}"
 for b in "$BEFORE" "$AFTER"; do
-    [[ -x $b ]] || { echo "ab_builds: $b is not an executable file" >&2; exit 2; }
+    [[ -x $b ]] || { echo "ab-builds: $b is not an executable file" >&2; exit 2; }
 done
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# sim_lib.sh: helpers shared by the simulated-cluster benchmark scripts (cluster_bw.sh,
-# cluster_vs_openmpi.sh); sourced, not run. The caller defines `node I CMD...` (run CMD on
+# sim-lib.sh: helpers shared by the simulated-cluster benchmark scripts (cluster-bw.sh,
+# cluster-vs-openmpi.sh); sourced, not run. The caller defines `node I CMD...` (run CMD on
 # simulated node I).
 
 # Bytes of a size with busbw's binary suffixes (K, M, G).

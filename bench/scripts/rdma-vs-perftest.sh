@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rdma_vs_perftest.sh: busbw over verbs against perftest on the same SoftRoCE link, side by
+# rdma-vs-perftest.sh: busbw over verbs against perftest on the same SoftRoCE link, side by
 # side. Two guests of the test bed (rdma-vm.sh), one rank each; ROUNDS rounds, each running, in
 # turn: ib_write_bw (1 MiB, one direction and both), busbw broadcast_perf at 1 and 4 MiB (on
 # two ranks a one-way transfer, like ib_write_bw), busbw sendrecv_perf at 1 and 4 MiB (both
@@ -8,7 +8,7 @@
 # rxe is software and the guests are emulated: only the ratios of one run mean anything.
 # Prints medians over the rounds and the ratios.
 #
-#   rdma_vs_perftest.sh [BUSBW] [ROUNDS]     (BUSBW: a verbs build, default target/release/busbw)
+#   rdma-vs-perftest.sh [BUSBW] [ROUNDS]     (BUSBW: a verbs build, default target/release/busbw)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 busbw=$(realpath "${1:-$here/../../target/release/busbw}")

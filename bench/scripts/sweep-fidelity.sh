@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sweep_fidelity.sh: does a size measure the same alone as inside a sweep?
+# sweep-fidelity.sh: does a size measure the same alone as inside a sweep?
 #
 # For every transport and size, runs `all_reduce_perf -b S -e S` (the size alone) and one sweep
 # that contains it (`-b 8 -e MAX -f 8` by default), alternating alone and sweep runs, ROUNDS
@@ -8,7 +8,7 @@
 # reported as a MISS and the script exits 1 (a benchmark, not a unit test: run it on a quiet
 # machine).
 #
-#   bench/scripts/sweep_fidelity.sh [--rounds 5] [--np 2] [--transports "shm tcp"]
+#   bench/scripts/sweep-fidelity.sh [--rounds 5] [--np 2] [--transports "shm tcp"]
 #       [--sizes "8 4K 256K 2M"] [--sweep "-b 8 -e 16M -f 8"] [--tol 0.15] [--no-build]
 #       [-- extra busbw flags, e.g. --rotate max]
 #
@@ -36,7 +36,7 @@ while (($#)); do
     --no-build) BUILD=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "sweep_fidelity.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    *) echo "sweep-fidelity.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
@@ -44,7 +44,7 @@ if [[ -z ${BUSBW:-} ]]; then
     BUSBW="$ROOT/target/release/busbw"
     ((BUILD)) && (cd "$ROOT" && cargo build --release -p busbw --quiet)
 fi
-[[ -x $BUSBW ]] || { echo "sweep_fidelity.sh: $BUSBW is not executable" >&2; exit 3; }
+[[ -x $BUSBW ]] || { echo "sweep-fidelity.sh: $BUSBW is not executable" >&2; exit 3; }
 
 to_bytes() {
     local s=$1
@@ -67,7 +67,7 @@ run() {
 
 RESULTS=$(mktemp)
 trap 'rm -f "$RESULTS"' EXIT
-echo "# sweep_fidelity.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  $(lscpu | sed -n 's/^Model name: *//p')  cores $(nproc)"
+echo "# sweep-fidelity.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  $(lscpu | sed -n 's/^Model name: *//p')  cores $(nproc)"
 echo "# busbw: $BUSBW ($("$BUSBW" --version 2>/dev/null || echo '?')); np $NP; sweep: $SWEEP; extra: ${EXTRA[*]:-none}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # shellcheck disable=SC2086

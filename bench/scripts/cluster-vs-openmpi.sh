@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster_vs_openmpi.sh: busbw AllReduce against OpenMPI's MPI_Allreduce across a simulated
+# cluster-vs-openmpi.sh: busbw AllReduce against OpenMPI's MPI_Allreduce across a simulated
 # cluster with shaped links, with iperf3 on the same links as the reference.
 #
 # Builds a cluster of N network-namespace nodes (bench/tests/simcluster.sh, links shaped to
@@ -17,7 +17,7 @@
 # ratios and their spread) and busbw as a fraction of iperf3's goodput. For a ring AllReduce
 # every link carries busbw, so the ideal is the link's goodput. Always tears the cluster down.
 #
-#   bench/scripts/cluster_vs_openmpi.sh [--nodes 4] [--rate 1gbit] [--mtu 9000] [--pairs 3]
+#   bench/scripts/cluster-vs-openmpi.sh [--nodes 4] [--rate 1gbit] [--mtu 9000] [--pairs 3]
 #                                       [--sizes "8 32M"] [--rt] [--no-build]
 #                                       [-- extra busbw flags]
 #
@@ -51,11 +51,11 @@ while (($#)); do
     --no-build) BUILD=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h | --help) sed -n '2,25s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "cluster_vs_openmpi.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    *) echo "cluster-vs-openmpi.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 
-die() { echo "cluster_vs_openmpi.sh: $*" >&2; exit 2; }
+die() { echo "cluster-vs-openmpi.sh: $*" >&2; exit 2; }
 [[ $EUID -eq 0 ]] || die "needs root (network namespaces)"
 ((NODES >= 2)) || die "--nodes must be at least 2"
 for tool in mpicc mpirun iperf3; do
@@ -77,11 +77,11 @@ mkdir -p "$ROOT/target/peer"
 PEER="$ROOT/target/peer/mpi_allreduce"
 mpicc -O2 -o "$PEER" "$ROOT/bench/peer/mpi_allreduce.c"
 
-# shellcheck source=bench/scripts/sim_lib.sh
-. "$ROOT/bench/scripts/sim_lib.sh"
+# shellcheck source=bench/scripts/sim-lib.sh
+. "$ROOT/bench/scripts/sim-lib.sh"
 
 NAME="cvo$$"
-WORK=$(mktemp -d /tmp/cluster_vs_openmpi.XXXXXX)
+WORK=$(mktemp -d /tmp/cluster-vs-openmpi.XXXXXX)
 cleanup() {
     bash "$SIM" down "$NAME" >/dev/null 2>&1 || true
     rm -rf "$WORK"

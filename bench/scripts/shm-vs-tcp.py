@@ -4,7 +4,7 @@
 Runs `busbw all_reduce_perf --np N` with --transport shm and tcp in alternation, repeats, and
 prints median out-of-place time and busbw per size with the shm/tcp time ratio.
 
-Usage: bench/scripts/shm_vs_tcp.py [--reps N] [--np N] [--bin PATH]
+Usage: bench/scripts/shm-vs-tcp.py [--reps N] [--np N] [--bin PATH]
 """
 import argparse
 import os

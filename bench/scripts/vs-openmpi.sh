@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vs_openmpi.sh: busbw AllReduce against OpenMPI's MPI_Allreduce, same machine, same run.
+# vs-openmpi.sh: busbw AllReduce against OpenMPI's MPI_Allreduce, same machine, same run.
 #
 # Builds the peer benchmark bench/peer/mpi_allreduce.c with mpicc and the memcpy reference
 # bench/peer/memcpy_bw.c with cc (into target/peer/, never committed), builds busbw release if
@@ -28,7 +28,7 @@
 # which switch from recursive doubling to a ring as messages grow, it picks its algorithm per
 # size, so both sides run their own best choice.
 #
-#   bench/scripts/vs_openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
+#   bench/scripts/vs-openmpi.sh [--pairs 3] [--np "2 4"] [--transports "shm tcp"]
 #                               [--sizes "8 128K 1M 8M 32M 128M"] [--no-build] [--raw FILE]
 #                               [--rt] [--rotate 8M]
 #
@@ -63,18 +63,18 @@ while (($#)); do
     --rt) RT=(chrt -f 1); shift ;;
     --rotate) ROTATE=$2; shift 2 ;;
     -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
-    *) echo "vs_openmpi.sh: unknown argument $1" >&2; exit 2 ;;
+    *) echo "vs-openmpi.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 
 for tool in mpicc mpirun; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "vs_openmpi.sh: $tool not found; install OpenMPI with:" >&2
+        echo "vs-openmpi.sh: $tool not found; install OpenMPI with:" >&2
         echo "    apt-get update && apt-get install -y openmpi-bin libopenmpi-dev" >&2
         exit 3
     fi
 done
-command -v cc >/dev/null 2>&1 || { echo "vs_openmpi.sh: cc not found (apt-get install -y gcc)" >&2; exit 3; }
+command -v cc >/dev/null 2>&1 || { echo "vs-openmpi.sh: cc not found (apt-get install -y gcc)" >&2; exit 3; }
 
 OUTDIR="$ROOT/target/peer"
 mkdir -p "$OUTDIR"
@@ -93,7 +93,7 @@ else
         (cd "$ROOT" && cargo build --release -p busbw --quiet)
     fi
 fi
-[[ -x $BUSBW ]] || { echo "vs_openmpi.sh: $BUSBW is not executable" >&2; exit 3; }
+[[ -x $BUSBW ]] || { echo "vs-openmpi.sh: $BUSBW is not executable" >&2; exit 3; }
 
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
@@ -148,7 +148,7 @@ run_peer() { # np transport bytes iters warmup -> "time busbw"
 }
 
 START=$(date +%s)
-echo "# vs_openmpi.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  host $(hostname)  cores $(nproc)"
+echo "# vs-openmpi.sh  $(date -u +%Y-%m-%dT%H:%M:%SZ)  host $(hostname)  cores $(nproc)"
 echo "# busbw: $BUSBW ($("$BUSBW" --version 2>/dev/null || echo '?'))"
 echo "# openmpi: $(mpirun --version 2>/dev/null | head -1)"
 echo "# pairs $PAIRS (busbw then openmpi, alternating), sizes: $SIZES, busbw -a $AVG -c 0 --algo $ALGO, both rotate over $ROTATE, peer validates${RT:+, both under ${RT[*]}}"

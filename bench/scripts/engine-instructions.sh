@@ -4,7 +4,7 @@
 # builds where a latency A/B would need a quiet machine. Two run lengths are subtracted so
 # that start-up and the warm-up calls cancel out.
 #
-# usage: bench/scripts/engine_instructions.sh [CASE...]   (ring rd tree broadcast sendrecv)
+# usage: bench/scripts/engine-instructions.sh [CASE...]   (ring rd tree broadcast sendrecv)
 # env:   CARGO_TARGET_DIR as usual; needs valgrind.
 set -euo pipefail
 command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 2; }
