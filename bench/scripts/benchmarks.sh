@@ -22,13 +22,13 @@
 #   --out FILE  write the table block to FILE (temporary file, then mv)
 #   --update F  replace the block between `<!-- benchmarks.sh:begin -->` and
 #               `<!-- benchmarks.sh:end -->` in F (atomically); rows of targets not run, or
-#               skipped for a missing need, keep their previous content
+#               left without a figure (a need missing, the run failed), keep their content
 #   --logs DIR  keep every target's raw output there (default: a new folder under /tmp)
 #
 # Time, full run, on the 2-core Emerald Rapids guest BENCHMARKS.md names (estimated from the
 # scripts' settings, to be corrected from the per-target wall times this script prints):
 # about 20 minutes for the targets without special needs (OpenMPI 2 x ~4, sweep fidelity
-# ~4, algorithms ~3, kernels, engine, rendezvous, peak RSS ~2 together, fuzz ~2, soak 2),
+# ~4, algorithms ~4, kernels, engine, rendezvous, peak RSS ~2 together, fuzz ~2, soak 2),
 # plus ~3 with root for the simulated cluster and ~8 for the SoftRoCE bed (qemu under TCG),
 # plus cargo's build time of anything stale. Run it on a quiet machine: every figure is a
 # ratio to a peer measured in the same run, alternating, but two cores leave no slack.
@@ -98,7 +98,8 @@ QTAG=""
 ((QUICK)) && QTAG=" (quick)"
 
 # Per target: GOAL and PEER (fixed), and from the run FIG, CMD and DETAIL (markdown after
-# the table). SKIPPED marks a row whose needs were missing.
+# the table). SKIPPED marks a row with no figure (a need missing, or the run failed): with
+# --update it leaves the file's row as it was.
 declare -A GOAL PEER FIG CMD DETAIL SKIPPED
 GOAL[openmpi-shm]="busbw/OpenMPI busbw >= 1.0 at every size and >= 1.3 from 256 KiB, 2 and 4 ranks (issue 20)"
 PEER[openmpi-shm]="OpenMPI \`MPI_Allreduce\` (vader), alternating"
@@ -149,6 +150,7 @@ cluster_needs() {
 }
 fail() { # target, rc
     FIG[$1]="failed (exit $2; log: $LOGS/$1.log)"
+    SKIPPED[$1]=1
     echo "# $1 failed (exit $2), see $LOGS/$1.log" >&2
 }
 q() { ((QUICK)) && echo "$2" || echo "$1"; }     # q FULL QUICK: this run's setting
@@ -183,15 +185,15 @@ openmpi() { # target transport
     FIG[$t]=$(awk -F'\t' -v tr="$tr" '
         { n = $1; if (!(n in seen)) { seen[n] = 1; order[++k] = n }
           if ($4 != "NA") {
-              if (!(n in lo) || $4 + 0 < lo[n]) { lo[n] = $4 + 0; lat[n] = $2 }
-              if ($3 >= 262144 && (!(n in big) || $4 + 0 < big[n])) { big[n] = $4 + 0; bigat[n] = $2 }
+              if (!(n in lo) || $4 + 0 < lo[n]) { lo[n] = $4 + 0; los[n] = $4; lat[n] = $2 }
+              if ($3 >= 262144 && (!(n in big) || $4 + 0 < big[n])) { big[n] = $4 + 0; bigs[n] = $4; bigat[n] = $2 }
           } else na[n]++
           if ($3 == 8) small[n] = sprintf(", 8 B %s vs %s us", $6, $7) }
         END {
             for (i = 1; i <= k; i++) {
                 n = order[i]
-                s = s (i > 1 ? "; " : "") "n=" n ": worst " (n in lo ? lo[n] " at " lat[n] : "NA")
-                if (n in big) s = s ", from 256 KiB worst " big[n] " at " bigat[n]
+                s = s (i > 1 ? "; " : "") "n=" n ": worst " (n in lo ? los[n] " at " lat[n] : "NA")
+                if (n in big) s = s ", from 256 KiB worst " bigs[n] " at " bigat[n]
                 s = s small[n] (na[n] ? ", " na[n] " sizes failed" : "")
                 if (tr == "shm" || n == 2) {
                     ok = (n in lo) && !na[n] && lo[n] >= 1.0 && (tr != "shm" || !(n in big) || big[n] >= 1.3)
@@ -260,7 +262,7 @@ t_algos() {
             if (k == 1 || r > wr) { wr = r; at = lab($2 + 0) " " r " (chose " ch ")" }
         } END { print k + 0, ok + 0, (k ? at : "-") }' "$LOGS/$t.log.$np$tr")
         total=$((total + n)) inside=$((inside + i))
-        worst+="${worst:+; }$tr n=$np worst $w"
+        if ((n)); then worst+="${worst:+; }$tr n=$np worst $w"; else worst+="${worst:+; }$tr n=$np failed"; fi
         rm -f "$LOGS/$t.log.$np$tr"
     done
     ((total)) || { fail "$t" "$rc"; return; }
