@@ -14,7 +14,6 @@ mod perf;
 mod plan;
 mod report_cmd;
 mod terminal;
-mod threads;
 mod tiers;
 mod verbs;
 

@@ -5,7 +5,6 @@ use crate::cli::PerfArgs;
 use crate::exit;
 use crate::exports::{self, Outputs};
 use crate::terminal::Terminal;
-use crate::threads;
 use anyhow::{Context, Result};
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::{CommError, ReduceOp};
@@ -20,7 +19,6 @@ use busbw_measure::report::{footer, run_header};
 use busbw_measure::specs::CollectiveSpec;
 use busbw_measure::{harness, Plan};
 use busbw_reports::{Sink, TextTable};
-use std::sync::Arc;
 
 /// What a rank does once it has joined the job; returns its exit code. `Sync` because the
 /// ranks of one process (`-t`, `-g`) run it on their threads.
@@ -28,7 +26,8 @@ pub type Work<'a> = &'a (dyn Fn(&mut Session, &Plan, &World) -> Result<i32> + Sy
 
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
     main_with(spec, args, &|session, plan, world| {
-        let slot = threads::slot(world.local_rank, plan.threads as usize, plan.gpus as usize);
+        let slot =
+            busbw_job::threads::slot(world.local_rank, plan.threads as usize, plan.gpus as usize);
         sweep(session, plan, args, slot, world)
     })
 }
@@ -157,7 +156,37 @@ fn run_process(world: &World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
             },
         )
     };
-    threads::run(world, per_process, &|w| run_rank(w, plan, args, &guarded))
+    match busbw_job::threads::run(world, per_process, &|w| run_rank(w, plan, args, &guarded)) {
+        Err(msg) => {
+            eprintln!("busbw: error: {msg}");
+            exit::USAGE
+        }
+        Ok(ended) => {
+            let codes: Vec<i32> = ended
+                .into_iter()
+                .map(|(w, code)| {
+                    code.unwrap_or_else(|e| {
+                        eprintln!("busbw: rank {} on {}: error: {e}", w.rank, w.hostname);
+                        exit::INTERNAL
+                    })
+                })
+                .collect();
+            combine(&codes)
+        }
+    }
+}
+
+/// The process's exit code from its ranks': the first that is a cause (the rank that failed,
+/// timed out or was signalled, in rank order) rather than the echo of one (`PEER_FAILURE`,
+/// which the other ranks of a failed job all return); else `PEER_FAILURE` if any rank saw one;
+/// else 0. Wrong results are a verdict every rank reaches together, so they pass through.
+pub fn combine(codes: &[i32]) -> i32 {
+    codes
+        .iter()
+        .copied()
+        .find(|&c| c != exit::OK && c != exit::PEER_FAILURE)
+        .or_else(|| codes.iter().copied().find(|&c| c == exit::PEER_FAILURE))
+        .unwrap_or(exit::OK)
 }
 
 fn own_exe() -> Result<std::path::PathBuf, i32> {
@@ -512,32 +541,7 @@ fn sweep(
         table.header(&header)?;
     }
     let mut group_comm = match &split {
-        Some(g) => {
-            let store = match &session.rdv {
-                Some(r) => r.store.clone(),
-                None => Arc::new(busbw_launchers::MemoryStore::new()),
-            };
-            let factory = busbw_job::transport::group_factory(
-                world,
-                store,
-                &join_options(args),
-                plan.transport,
-                plan.timeout,
-                session.abort.clone(),
-                plan.gpus > 0,
-            )?;
-            let nodes: Vec<usize> = g
-                .members()
-                .iter()
-                .map(|&r| session.comm.nodes().get(r).copied().unwrap_or(r))
-                .collect();
-            let c = factory
-                .build(&format!("split/{}", g.color()), g.members(), &nodes)
-                .with_context(|| {
-                    format!("building the communicator of split group {}", g.color())
-                })?;
-            Some(c)
-        }
+        Some(g) => Some(g.communicator(session, world, &join_options(args), plan)?),
         None => None,
     };
     // The debugging faults name world ranks; the group's harness numbers its own.
@@ -648,5 +652,17 @@ mod tests {
             usage_lines(&some, 10),
             ["ranks 4-6: 4 ranks, matrix 3", "rank 9: root 5"]
         );
+    }
+
+    #[test]
+    fn the_process_exits_with_the_cause_not_its_echoes() {
+        use exit::*;
+        assert_eq!(combine(&[OK, OK, OK]), OK);
+        assert_eq!(combine(&[PEER_FAILURE, INTERNAL, PEER_FAILURE]), INTERNAL);
+        assert_eq!(combine(&[PEER_FAILURE, PEER_FAILURE]), PEER_FAILURE);
+        assert_eq!(combine(&[OK, PEER_FAILURE]), PEER_FAILURE);
+        assert_eq!(combine(&[WRONG_RESULTS, WRONG_RESULTS]), WRONG_RESULTS);
+        assert_eq!(combine(&[PEER_FAILURE, TIMEOUT, INTERNAL]), TIMEOUT);
+        assert_eq!(combine(&[143, PEER_FAILURE]), 143);
     }
 }

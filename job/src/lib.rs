@@ -13,6 +13,7 @@ mod session;
 pub mod signals;
 pub mod split;
 pub mod subcomm;
+pub mod threads;
 pub mod transport;
 
 pub use error::{Error, Result};

@@ -1,7 +1,13 @@
 //! `NCCL_TESTS_SPLIT`: a job run as groups at once, each on its own communicator, as
 //! operators bisect a cluster with nccl-tests (`MOD2` pairs even and odd nodes).
 
+use crate::error::{Context, Result};
+use crate::{JoinOptions, Session};
+use busbw_collectives::Communicator;
+use busbw_launchers::World;
 use busbw_measure::plan::Split;
+use busbw_measure::Plan;
+use std::sync::Arc;
 
 /// `NCCL_TESTS_SPLIT`: the groups of a job of `n` ranks, as (color, members) in order of
 /// color; each rank's process is its rank divided by the ranks per process, as nccl-tests
@@ -32,6 +38,38 @@ impl SplitGroup {
 
     pub fn members(&self) -> &[usize] {
         &self.groups[self.index].1
+    }
+
+    /// This rank's communicator in its group: transports chosen as the job's were
+    /// (`--transport`, the same RDMA port), connections of its own.
+    pub fn communicator(
+        &self,
+        session: &Session,
+        world: &World,
+        opts: &JoinOptions,
+        plan: &Plan,
+    ) -> Result<Communicator> {
+        let store = match &session.rdv {
+            Some(r) => r.store.clone(),
+            None => Arc::new(busbw_launchers::MemoryStore::new()),
+        };
+        let factory = crate::transport::group_factory(
+            world,
+            store,
+            opts,
+            plan.transport,
+            plan.timeout,
+            session.abort.clone(),
+            plan.gpus > 0,
+        )?;
+        let nodes: Vec<usize> = self
+            .members()
+            .iter()
+            .map(|&r| session.comm.nodes().get(r).copied().unwrap_or(r))
+            .collect();
+        factory
+            .build(&format!("split/{}", self.color()), self.members(), &nodes)
+            .with_context(|| format!("building the communicator of split group {}", self.color()))
     }
 }
 

@@ -12,7 +12,7 @@
 //! Without feature `cuda` [`DeviceMem`] is uninhabited: the harness's device branches
 //! compile and are never taken.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::specs::{DataCtx, InitFn, RunFn};
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::Communicator;
@@ -96,7 +96,7 @@ pub fn kernel_bench(
     _dtypes: &[busbw_collectives::DataType],
     _op: busbw_collectives::ReduceOp,
 ) -> Result<Vec<String>> {
-    Err(Error::Usage(NO_CUDA_BUILD.into()))
+    Err(crate::Error::Usage(NO_CUDA_BUILD.into()))
 }
 
 #[cfg(feature = "cuda")]
@@ -108,7 +108,7 @@ pub enum DeviceMem {}
 #[cfg(not(feature = "cuda"))]
 impl DeviceMem {
     pub fn open(_slot: Slot) -> Result<DeviceMem> {
-        Err(Error::Usage(NO_CUDA_BUILD.into()))
+        Err(crate::Error::Usage(NO_CUDA_BUILD.into()))
     }
     pub fn line(&self) -> GpuLine {
         match *self {}

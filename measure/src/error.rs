@@ -52,6 +52,12 @@ impl From<busbw_collectives::cuda::select::SelectError> for Error {
     }
 }
 
+impl From<busbw_collectives::OffloadError> for Error {
+    fn from(e: busbw_collectives::OffloadError) -> Self {
+        Error::Device(Box::new(e))
+    }
+}
+
 #[cfg(feature = "cuda")]
 impl From<busbw_collectives::cuda::device::CudaError> for Error {
     fn from(e: busbw_collectives::cuda::device::CudaError) -> Self {

@@ -340,7 +340,7 @@ fn bench(
         mem.op(comm, spec, ctx, span * k, false)?;
     }
     // One pass was not enough: 256 KiB on 2 local ranks still measured 0.65 of its time alone
-    // inside a sweep (sweep_fidelity.sh, 5 rounds) after it, 0.92 after two (BENCHMARKS.md,
+    // inside a sweep (sweep-fidelity.sh, 5 rounds) after it, 0.92 after two (BENCHMARKS.md,
     // point 0). The second pass runs only where the first was cheap, as every rank agrees (the
     // agreement lines everyone up, as the barrier did): on emulated RDMA or a slow network a
     // pass costs seconds and the timed loop no longer needs it to be fair.

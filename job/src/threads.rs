@@ -5,7 +5,6 @@
 //! everything a rank does across processes it also does across threads; only the pid in the
 //! `Using devices` block shows which ranks share a process.
 
-use crate::exit;
 use busbw_collectives::cuda::select::Slot;
 use busbw_launchers::World;
 
@@ -52,63 +51,58 @@ pub fn slot(local_rank: usize, threads: usize, gpus: usize) -> Slot {
     }
 }
 
-/// The process's exit code from its ranks': the first that is a cause (the rank that failed,
-/// timed out or was signalled, in rank order) rather than the echo of one (`PEER_FAILURE`,
-/// which the other ranks of a failed job all return); else `PEER_FAILURE` if any rank saw one;
-/// else 0. Wrong results are a verdict every rank reaches together, so they pass through.
-pub fn combine(codes: &[i32]) -> i32 {
-    codes
-        .iter()
-        .copied()
-        .find(|&c| c != exit::OK && c != exit::PEER_FAILURE)
-        .or_else(|| codes.iter().copied().find(|&c| c == exit::PEER_FAILURE))
-        .unwrap_or(exit::OK)
+/// Why a rank's thread gave no exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadError {
+    #[error("cannot start its thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("its thread panicked")]
+    Panicked,
 }
 
+/// What one rank's thread ended with: its world and its exit code, or why it has none.
+pub type Ended = (World, Result<i32, ThreadError>);
+
 /// Runs `rank` for each of the process's `per_process` ranks, each on its own thread, and
-/// returns the process's exit code. Each rank reports its own failure (naming itself, its host
-/// and its peer) and aborts the job through the store like a rank process would, so a failing
-/// thread stops its siblings as it stops other processes.
-pub fn run(process: &World, per_process: usize, rank: &(dyn Fn(World) -> i32 + Sync)) -> i32 {
-    let worlds: Vec<World> = match (0..per_process)
+/// returns what each ended with, in rank order; an error when the ranks cannot be numbered.
+/// Each rank reports its own failure (naming itself, its host and its peer) and aborts the
+/// job through the store like a rank process would, so a failing thread stops its siblings
+/// as it stops other processes.
+pub fn run(
+    process: &World,
+    per_process: usize,
+    rank: &(dyn Fn(World) -> i32 + Sync),
+) -> Result<Vec<Ended>, String> {
+    let worlds: Vec<World> = (0..per_process)
         .map(|i| rank_world(process, per_process, i))
-        .collect()
-    {
-        Ok(w) => w,
-        Err(msg) => {
-            eprintln!("busbw: error: {msg}");
-            return exit::USAGE;
-        }
-    };
+        .collect::<Result<_, _>>()?;
     // As much stack as the main thread a one-rank process runs on.
     const STACK: usize = 8 << 20;
-    let codes: Vec<i32> = std::thread::scope(|s| {
+    Ok(std::thread::scope(|s| {
         let handles: Vec<_> = worlds
             .into_iter()
             .map(|w| {
-                let (r, host) = (w.rank, w.hostname.clone());
                 let h = std::thread::Builder::new()
-                    .name(format!("busbw-rank-{r}"))
+                    .name(format!("busbw-rank-{}", w.rank))
                     .stack_size(STACK)
-                    .spawn_scoped(s, move || rank(w));
-                (r, host, h)
+                    .spawn_scoped(s, {
+                        let w = w.clone();
+                        move || rank(w)
+                    });
+                (w, h)
             })
             .collect();
         handles
             .into_iter()
-            .map(|(r, host, h)| match h {
-                Err(e) => {
-                    eprintln!("busbw: rank {r} on {host}: error: cannot start its thread: {e}");
-                    exit::INTERNAL
-                }
-                Ok(h) => h.join().unwrap_or_else(|_| {
-                    eprintln!("busbw: rank {r} on {host}: error: its thread panicked");
-                    exit::INTERNAL
-                }),
+            .map(|(w, h)| {
+                let code = match h {
+                    Err(e) => Err(ThreadError::Spawn(e)),
+                    Ok(h) => h.join().map_err(|_| ThreadError::Panicked),
+                };
+                (w, code)
             })
             .collect()
-    });
-    combine(&codes)
+    }))
 }
 
 #[cfg(test)]
@@ -178,17 +172,5 @@ mod tests {
         assert!(rank_world(&p, 4, 0).unwrap_err().contains("lower -t or -g"));
         let p = process(0, 1 << 31, 0, 1);
         assert!(rank_world(&p, 2, 0).is_err());
-    }
-
-    #[test]
-    fn the_process_exits_with_the_cause_not_its_echoes() {
-        use exit::*;
-        assert_eq!(combine(&[OK, OK, OK]), OK);
-        assert_eq!(combine(&[PEER_FAILURE, INTERNAL, PEER_FAILURE]), INTERNAL);
-        assert_eq!(combine(&[PEER_FAILURE, PEER_FAILURE]), PEER_FAILURE);
-        assert_eq!(combine(&[OK, PEER_FAILURE]), PEER_FAILURE);
-        assert_eq!(combine(&[WRONG_RESULTS, WRONG_RESULTS]), WRONG_RESULTS);
-        assert_eq!(combine(&[PEER_FAILURE, TIMEOUT, INTERNAL]), TIMEOUT);
-        assert_eq!(combine(&[143, PEER_FAILURE]), 143);
     }
 }
