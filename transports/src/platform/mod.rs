@@ -289,12 +289,12 @@ pub struct PeerKey {
 
 impl PeerKey {
     /// Whether the key names a POSIX shared-memory object (the portable implementation's).
-    pub fn is_named(&self) -> bool {
+    pub fn is_named(self) -> bool {
         self.id & NAMED != 0
     }
 
     /// The words a key travels as.
-    pub fn to_words(&self) -> [u64; 5] {
+    pub fn to_words(self) -> [u64; 5] {
         [self.pid, self.id, self.ino, self.dev, self.len]
     }
 
@@ -386,6 +386,8 @@ impl Drop for PeerMapping {
 /// Maps the whole of a peer's [`Shareable`], found the way its key says (whichever
 /// implementation this process uses: the owner chose), after checking that the opened
 /// file is the one the key describes.
+// stat's field types differ by system (macOS's st_dev is signed).
+#[allow(clippy::unnecessary_cast)]
 pub fn map_peer(key: &PeerKey) -> io::Result<PeerMapping> {
     let len = usize::try_from(key.len).map_err(|_| invalid("buffer too large"))?;
     let (fd, platform) = if key.is_named() {

@@ -137,6 +137,8 @@ pub(super) fn map_touched(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<
 /// A named object, mapped with every page written (it is new, so the zeros it holds stay).
 /// The name lives until the `Shareable` drops; a process killed before that leaves it in the
 /// system's shared-memory directory (`/dev/shm` on Linux), as any POSIX object would.
+// stat's field types differ by system (macOS's st_dev is signed).
+#[allow(clippy::unnecessary_cast)]
 pub(super) fn shareable(len: usize) -> io::Result<Shareable> {
     let (fd, name, n) = create_named("busbw-buf", len)?;
     let made = (|| {
