@@ -3,9 +3,9 @@
 //! Page-aligned so that any element type, any transport (verbs registers whole pages) and
 //! the buffer-offset rotation of the harness keep natural alignment.
 
+use busbw_transports::platform::{Platform, Shareable};
 use busbw_transports::{MemRegion, MemoryKind};
 use std::alloc::{self, Layout};
-use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 
 const ALIGN: usize = 4096;
@@ -14,8 +14,9 @@ const ALIGN: usize = 4096;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    /// The memfd behind a [`HostBuffer::shared`] buffer; `None` for heap memory.
-    shared: Option<OwnedFd>,
+    /// The region behind a [`HostBuffer::shared`] buffer, and the platform that made it;
+    /// `None` for heap memory.
+    shared: Option<(Shareable, Platform)>,
 }
 
 // SAFETY: HostBuffer owns its allocation like a Vec<u8>.
@@ -43,19 +44,25 @@ impl HostBuffer {
         })
     }
 
-    /// [`HostBuffer::mapped`] in memory that ranks on the same host can map (a memfd): the
-    /// direct AllReduce ([`crate::direct`]) reads and writes peers' buffers in place when
-    /// every rank's are shared. Where no memfd can be had, a heap buffer, which algorithms
-    /// move by copying as before.
+    /// [`HostBuffer::mapped`] in memory that ranks on the same host can map (a memfd, or a
+    /// POSIX shared-memory object on the portable platform): the direct AllReduce
+    /// ([`crate::direct`]) reads and writes peers' buffers in place when every rank's are
+    /// shared. Where none can be had, a heap buffer, which algorithms move by copying as
+    /// before. The platform is this process's ([`Platform::active`]).
     pub fn shared(len: usize) -> Option<Self> {
+        Self::shared_on(Platform::active(), len)
+    }
+
+    /// [`HostBuffer::shared`] made by a given platform (tests run both).
+    pub fn shared_on(platform: Platform, len: usize) -> Option<Self> {
         if len == 0 {
             return Self::new(0);
         }
-        match crate::direct::window::create(len) {
-            Ok((ptr, fd)) => Some(HostBuffer {
-                ptr,
+        match crate::direct::window::create(platform, len) {
+            Ok(s) => Some(HostBuffer {
+                ptr: s.as_ptr(),
                 len,
-                shared: Some(fd),
+                shared: Some((s, platform)),
             }),
             Err(_) => Self::mapped(len),
         }
@@ -64,6 +71,11 @@ impl HostBuffer {
     /// Whether peers on this host can map this buffer.
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
+    }
+
+    /// Which platform shares this buffer with peers, if one does.
+    pub fn sharing(&self) -> Option<Platform> {
+        self.shared.as_ref().map(|s| s.1)
     }
 
     /// [`HostBuffer::new`] with every page mapped now (by writing the zeros it holds), so
@@ -117,9 +129,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if self.shared.is_some() {
-            // SAFETY: made by `window::create` with this length; the descriptor closes after.
-            unsafe { crate::direct::window::release(self.ptr, self.len) };
+        if let Some((region, _)) = self.shared.take() {
+            // Out of the table first, so that no call finds a key to unmapped memory.
+            crate::direct::window::forget(self.ptr);
+            drop(region);
         } else if self.len > 0 {
             if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
                 // SAFETY: allocated in `new` with this very layout.

@@ -8,6 +8,7 @@ use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
     all_reduce_with, Algo, CommConfig, Communicator, Data, DataType, HostBuffer, ReduceOp,
 };
+use busbw_transports::platform::{Platform, PLATFORM_ENV};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ fn run(
         let sh = shared(comm.rank());
         let mut send = buffer(bytes, sh);
         let mut recv = buffer(bytes, sh);
+        // Made by the platform this process runs (a memfd, or a named POSIX object under
+        // BUSBW_PLATFORM=portable), which is what a direct call then maps.
+        let made_by = (sh && bytes > 0).then(Platform::active);
+        assert_eq!((send.sharing(), recv.sharing()), (made_by, made_by));
         let mut want = HostBuffer::new(bytes).unwrap();
         fill_input(dtype, op, send.as_mut_slice(), seed, 0, comm.rank(), n);
         fill_expected(dtype, op, want.as_mut_slice(), seed, 0, n);
@@ -240,4 +245,27 @@ fn disagreeing_counts_fail_with_the_peer_named() {
             assert!(e.contains(&format!("rank {peer} sent")), "rank {r}: {e}");
         }
     }
+}
+
+/// Every test of this binary once more under the portable platform, in a child process (the
+/// switch is read once per process): buffers are named POSIX objects mapped by name, the
+/// shared-memory transport streams through its ring, and `run` asserts which buffers the
+/// direct calls mapped.
+#[test]
+fn direct_suite_under_the_portable_platform() {
+    if Platform::active() == Platform::Portable {
+        return; // this is that run (or the only platform there is)
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--skip", "direct_suite_under_the_portable_platform"])
+        .env(PLATFORM_ENV, "portable")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("test result: ok"),
+        "under {PLATFORM_ENV}=portable:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

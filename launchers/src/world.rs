@@ -276,9 +276,9 @@ pub fn hostname() -> String {
         }
         cap *= 4;
     }
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".to_string())
+    busbw_transports::platform::Platform::active()
+        .kernel_hostname()
+        .unwrap_or_else(|| "unknown-host".to_string())
 }
 
 #[cfg(test)]

@@ -83,13 +83,14 @@ impl Key {
     }
 }
 
-/// Unpredictable bytes from the kernel. Falls back to a hash of the clock and pid only if
-/// getrandom(2) is unavailable, which no supported kernel is.
+/// Unpredictable bytes from the system. Falls back to a hash of the clock and pid only if
+/// getrandom(2) or getentropy(3) is unavailable, which no supported system is.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
-    // SAFETY: getrandom writes at most n.len() bytes into the buffer it is given.
-    let got = unsafe { libc::getrandom(n.as_mut_ptr().cast(), n.len(), 0) };
-    if got != n.len() as isize {
+    if crate::platform::Platform::active()
+        .fill_random(&mut n)
+        .is_err()
+    {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())

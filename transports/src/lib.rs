@@ -22,6 +22,7 @@ pub mod iface;
 pub mod inproc;
 pub mod multi;
 pub mod nodes;
+pub mod platform;
 pub mod shm;
 mod slots;
 pub mod tcp;

@@ -34,10 +34,13 @@ impl NodeId {
         }
     }
 
-    /// This process's node, under the host name the launcher gave it.
+    /// This process's node, under the host name the launcher gave it. Where the platform
+    /// knows no boot id the host name alone tells nodes apart (the boot id is then empty).
     pub fn here(hostname: &str) -> NodeId {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        NodeId::new(hostname, boot.trim())
+        let boot = crate::platform::Platform::active()
+            .boot_id()
+            .unwrap_or_default();
+        NodeId::new(hostname, boot)
     }
 
     /// Ranks that may share memory (and reach each other's abstract unix sockets): the same
@@ -50,6 +53,11 @@ impl NodeId {
     /// namespaces and containers on one machine share even where their host names differ (a
     /// simulated cluster).
     pub fn same_machine(&self, other: &NodeId) -> bool {
+        // No boot id (a platform without one): hosts of different names are different
+        // machines, as far as anyone can tell.
+        if self.boot.is_empty() || other.boot.is_empty() {
+            return self == other;
+        }
         self.boot == other.boot
     }
 }

@@ -56,7 +56,7 @@ impl Mailboxes {
             peers.push(if p == me {
                 None
             } else {
-                if k.file_len < (2 * SLOT) as u64 || k.off != 0 {
+                if k.region.len < (2 * SLOT) as u64 || k.off != 0 {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         "the peer's mailbox is not a mailbox",

@@ -1,7 +1,7 @@
 //! The direct AllReduce: ranks of one host read and write each other's buffers in place.
 //!
 //! A ring on shared memory copies every slice through the transport before reducing it: the
-//! peer's partial sum lands in staging (a ring buffer, or `process_vm_readv` into our
+//! peer's partial sum lands in staging (a ring buffer, or a cross-memory read into our
 //! memory), is read back and reduced, and the result travels again for the all-gather. When
 //! every rank's buffers are shared memory ([`HostBuffer::shared`](crate::HostBuffer::shared)),
 //! each rank can instead map its peers' buffers ([`window`]) and own one slice of the result
@@ -110,7 +110,8 @@ impl Fallback {
             }
             Fallback::NotShared => "a rank's buffers are not shared memory (device or heap memory)",
             Fallback::Unmappable => {
-                "a rank could not map its peers' buffers (/proc/<pid>/fd access: ptrace policy or separate pid namespaces)"
+                "a rank could not map its peers' buffers (/proc/<pid>/fd access: ptrace policy or \
+                 separate pid namespaces; under BUSBW_PLATFORM=portable, separate /dev/shm)"
             }
         }
     }
@@ -259,18 +260,11 @@ fn open_mailboxes(comm: &mut Communicator) -> Result<Mail, CommError> {
 }
 
 fn put(words: &mut [u64], k: &Key) {
-    words.copy_from_slice(&[k.pid, k.fd, k.ino, k.dev, k.file_len, k.off]);
+    words.copy_from_slice(&k.to_words());
 }
 
 fn key(words: &[u64]) -> Key {
-    Key {
-        pid: words[0],
-        fd: words[1],
-        ino: words[2],
-        dev: words[3],
-        file_len: words[4],
-        off: words[5],
-    }
+    Key::from_words(words)
 }
 
 /// Sends `items[me]` to every peer and receives `items[p]` from each.

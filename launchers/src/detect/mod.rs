@@ -205,6 +205,30 @@ pub fn launched_by_busbw(env: &dyn Fn(&str) -> Option<String>) -> bool {
     env(LAUNCHED_ENV).is_some_and(|v| v.trim() == "1")
 }
 
+/// `BUSBW_PLATFORM` is read by the transports, which have nobody to tell about a misspelt
+/// value; every process asks who it is here first, so a typo stops the job before any rank
+/// starts, naming the values this build accepts.
+fn check_platform(env: &dyn Fn(&str) -> Option<String>) -> Result<(), WorldError> {
+    use busbw_transports::platform::{Platform, PlatformError, PLATFORM_ENV};
+    match env(PLATFORM_ENV) {
+        Some(v) if !v.trim().is_empty() => match v.parse::<Platform>() {
+            Ok(_) => Ok(()),
+            Err(e) => Err(WorldError::Invalid {
+                var: PLATFORM_ENV,
+                value: v,
+                why: match e {
+                    PlatformError::Unavailable(_) => format!(
+                        "not available on this operating system (expected {})",
+                        Platform::EXPECTED
+                    ),
+                    PlatformError::Unknown(_) => format!("expected {}", Platform::EXPECTED),
+                },
+            }),
+        },
+        _ => Ok(()),
+    }
+}
+
 /// `env_names`: names of variables known to exist, for the sources that need to enumerate
 /// (Volcano's per-task variables).
 pub(crate) fn detect_with_names(
@@ -212,6 +236,7 @@ pub(crate) fn detect_with_names(
     env: &dyn Fn(&str) -> Option<String>,
     env_names: &[String],
 ) -> Result<Option<Detection>, WorldError> {
+    check_platform(env)?;
     let mut cx = Ctx {
         opts,
         env,

@@ -595,3 +595,39 @@ fn indexed_jobs_and_jobsets() {
     );
     assert_eq!(d.world.store_addr(), None);
 }
+
+/// A misspelt `BUSBW_PLATFORM` stops every process before it joins a job, whether a launcher
+/// described one or not, naming the values this build takes; a valid or empty one is fine.
+#[test]
+fn a_misspelt_platform_is_a_usage_error() {
+    for launcher in [Launcher::Auto, Launcher::Local] {
+        let e = run(&opts(launcher), &[("BUSBW_PLATFORM", "portabel")]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                WorldError::Invalid {
+                    var: "BUSBW_PLATFORM",
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"portabel\"") && text.contains("portable"),
+            "{text}"
+        );
+    }
+    for ok in ["portable", "", " Portable "] {
+        assert!(
+            run(&opts(Launcher::Auto), &[("BUSBW_PLATFORM", ok)]).is_ok(),
+            "{ok:?}"
+        );
+    }
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("BUSBW_PLATFORM", "windows"),
+    ];
+    assert!(run(&opts(Launcher::Auto), &torchrun).is_err());
+}

@@ -210,6 +210,9 @@ pub(super) struct ShmInbound {
     pub(super) hangup: bool,
     /// The sender's process, for single-copy reads.
     pub(super) peer_pid: i32,
+    /// How single-copy messages are read; `None` where the platform has no cross-memory
+    /// reads, and then the acceptor never offered them.
+    pub(super) cross: Option<CrossMemory>,
     /// Where the payload of the message being received lives in the sender's memory.
     pub(super) remote: Option<u64>,
     /// Single-copy messages read so far (published as `cma_acked`).
@@ -306,8 +309,14 @@ impl Inbound for ShmInbound {
             };
             let ptr = req.ptr;
             if let Some(remote) = self.remote {
+                let cross = self.cross.ok_or_else(|| {
+                    TransportError::Handshake(format!(
+                        "rank {} sent a single-copy message, which was never offered",
+                        self.peer
+                    ))
+                })?;
                 // SAFETY: ptr..ptr+want is inside the caller's buffer (irecv's contract).
-                unsafe { cma_read(self.peer_pid, remote, ptr, want) }.map_err(|e| {
+                unsafe { cross.read(self.peer_pid, remote, ptr, want) }.map_err(|e| {
                     TransportError::Handshake(format!(
                         "single-copy read of {want} bytes from rank {} (pid {}) failed: {e}",
                         self.peer, self.peer_pid

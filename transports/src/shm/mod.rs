@@ -1,12 +1,14 @@
 //! Shared-memory transport for ranks on the same host.
 //!
-//! Each connection (one direction, one channel) owns a memfd segment: a control page with the
+//! Each connection (one direction, one channel) owns a segment: a control page with the
 //! ring's counters followed by a single-producer single-consumer byte ring (4 MiB by default).
-//! The connector creates and seals the memfd and hands it to the listener over a unix-domain
-//! socket (abstract namespace) with `SCM_RIGHTS`, together with a hello frame (magic, protocol
-//! version, job token, rank, channel, ring size) so that strangers are refused as on TCP. The
-//! memfd has no name in any file system: it disappears when both ends have unmapped it, so a
-//! crashed job leaves nothing behind in `/dev/shm`.
+//! The connector creates the segment's file and hands it to the listener over a unix-domain
+//! socket with `SCM_RIGHTS`, together with a hello frame (magic, protocol version, job token,
+//! rank, channel, ring size) so that strangers are refused as on TCP. What the file and the
+//! socket are is the [`Platform`]'s business ([`ShmConfig::platform`]): on Linux a sealed memfd
+//! and an abstract socket, on every system a POSIX shared-memory object unlinked at once and a
+//! socket file. Either way the segment has no name once handed over: it disappears when both
+//! ends have unmapped it, so a crashed job leaves nothing behind in `/dev/shm`.
 //!
 //! The ring carries the same stream as the TCP transport: a 16-byte header (magic, tag, length)
 //! per message followed by its payload, copied in by the sender and out by the receiver in
@@ -15,7 +17,8 @@
 //! and read with Acquire; each side caches the other's counter and only rereads it when it
 //! runs out of data or space.
 //!
-//! Single copy: a message of at least [`CMA_MIN`] bytes does not go through the ring. The
+//! Single copy (where the platform has cross-memory reads: Linux): a message of at least
+//! [`CMA_MIN`] bytes does not go through the ring. The
 //! sender writes only its header and the payload's address; the receiver copies the payload
 //! straight out of the sender's memory with `process_vm_readv` (Linux cross-memory attach,
 //! one copy instead of two) and acknowledges it through a counter in the segment, which
@@ -43,15 +46,15 @@
 use crate::conn::{self, poll_fd, Deadline, Dialect, HelloHead, TextHandle};
 use crate::frame::{self, HEADER_LEN};
 use crate::framed::{FramedRecv, Inbound, Posted};
+use crate::platform::{self, CrossMemory, LocalListener, Platform};
 use crate::slots::Slots;
 use crate::{
     Handle, Identity, Listener, Properties, RecvComm, Registration, RequestId, Result, SendComm,
     Sleep, Transport, TransportError,
 };
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -93,6 +96,9 @@ pub struct ShmConfig {
     pub max_requests: usize,
     /// Copy large messages once, from the sender's memory, where the kernel allows it.
     pub single_copy: bool,
+    /// The operating-system calls behind segments and sockets (`BUSBW_PLATFORM` by
+    /// default); single copy exists only where it has cross-memory reads.
+    pub platform: Platform,
 }
 
 impl Default for ShmConfig {
@@ -101,12 +107,14 @@ impl Default for ShmConfig {
             ring_bytes: 4 << 20,
             max_requests: 256,
             single_copy: true,
+            platform: Platform::active(),
         }
     }
 }
 
 /// Shared-memory transport for one rank. Only peers on the same host (and in the same network
-/// namespace, which scopes abstract unix sockets) can connect.
+/// namespace, which scopes abstract unix sockets; in the same file system, for socket files)
+/// can connect.
 #[derive(Debug)]
 pub struct ShmTransport {
     identity: Identity,
@@ -129,77 +137,20 @@ fn valid_ring(n: usize) -> bool {
     n.is_power_of_two() && (MIN_RING..=MAX_RING).contains(&n)
 }
 
-/// Parses `busbw-shm/1 rank=<r> pid=<pid> sock=@<abstract name> auth=<challenge>`.
+/// Parses `busbw-shm/1 rank=<r> pid=<pid> sock=<@abstract name or /path> auth=<challenge>`.
 fn parse_handle(handle: &Handle) -> Result<(u32, String)> {
     let h = TextHandle::parse(handle, HANDLE_PREFIX, "an shm")?;
-    let sock = h.field("sock=@").filter(|s| !s.is_empty() && s.len() < 100);
-    Ok((h.rank, sock.ok_or_else(|| h.lacks("sock=@"))?.to_string()))
+    let sock = h
+        .field("sock=")
+        .filter(|s| (s.len() > 1 && s.starts_with('@') || s.starts_with('/')) && s.len() < 100);
+    Ok((h.rank, sock.ok_or_else(|| h.lacks("sock="))?.to_string()))
 }
 
 mod comm;
 mod segment;
 
 use comm::{ShmInbound, ShmSendComm};
-use segment::{
-    arm, cma_read, cma_read_u64, create_segment, drain_doorbells, hung_up, wake_if_sleeping,
-    Segment,
-};
-
-fn abstract_addr(name: &str) -> io::Result<UnixAddr> {
-    UnixAddr::from_abstract_name(name.as_bytes())
-}
-
-/// A non-blocking connect to the abstract socket `name`: `Ok(None)` while the listener's
-/// backlog is full or the socket is not there (yet).
-fn try_connect(name: &str) -> io::Result<Option<OwnedFd>> {
-    // SAFETY: plain socket(2); the result is checked and owned at once.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: sockaddr_un is plain data; zeroed is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = name.as_bytes();
-    if bytes.len() + 1 > addr.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "socket name too long",
-        ));
-    }
-    // Abstract namespace: sun_path[0] stays NUL, the name follows, no terminator.
-    for (i, b) in bytes.iter().enumerate() {
-        addr.sun_path[i + 1] = *b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
-    loop {
-        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
-        let rc = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
-                len as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            return Ok(Some(fd));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) | Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-}
+use segment::{arm, create_segment, drain_doorbells, hung_up, wake_if_sleeping, Segment};
 
 /// Sends the hello frame with the segment's descriptor attached.
 fn send_hello(
@@ -228,7 +179,7 @@ fn send_hello(
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
             std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
-            libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+            libc::sendmsg(sock, &msg, platform::SEND_FLAGS)
         };
         if n == HELLO_LEN as isize {
             return Ok(());
@@ -269,7 +220,7 @@ fn recv_hello(stream: &UnixStream) -> io::Result<([u8; HELLO_LEN], Option<OwnedF
             msg.msg_iovlen = 1;
             msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
             msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-            let n = libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            let n = libc::recvmsg(stream.as_raw_fd(), &mut msg, platform::RECV_FD_FLAGS);
             if n >= 0 {
                 let mut c = libc::CMSG_FIRSTHDR(&msg);
                 while !c.is_null() {
@@ -299,6 +250,9 @@ fn recv_hello(stream: &UnixStream) -> io::Result<([u8; HELLO_LEN], Option<OwnedF
     if n == 0 {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
+    if let Some(fd) = &fd {
+        platform::received_descriptor(fd)?;
+    }
     if n < HELLO_LEN {
         let mut s = stream;
         s.read_exact(&mut hello[n..])?;
@@ -327,13 +281,13 @@ impl Transport for ShmTransport {
             "busbw-shm.{pid}.{}.{nonce:x}",
             NEXT_LISTENER.fetch_add(1, Ordering::Relaxed)
         );
-        let listener = UnixListener::bind_addr(&abstract_addr(&name)?)?;
-        listener.set_nonblocking(true)?;
+        let listener = self.config.platform.local_listener(&name)?;
         let gate = crate::auth::DataGate::new(&self.identity);
         let handle = Handle(
             format!(
-                "{HANDLE_PREFIX} rank={} pid={pid} sock=@{name}{}",
+                "{HANDLE_PREFIX} rank={} pid={pid} sock={}{}",
                 self.identity.rank,
+                listener.addr(),
                 gate.handle_field()
             )
             .into_bytes(),
@@ -361,19 +315,20 @@ impl Transport for ShmTransport {
         // The listener exists before its handle is published, but its backlog may be full
         // while the peer is busy connecting itself: retry to the deadline.
         let sock = loop {
-            if let Some(s) = try_connect(&name).map_err(io_err)? {
+            if let Some(s) = platform::connect_local(&name).map_err(io_err)? {
                 break s;
             }
             let left = deadline.left_or(|| {
                 format!(
-                    "connecting to rank {peer} over shared memory at @{name} \
+                    "connecting to rank {peer} over shared memory at {name} \
                      (is it on this host and in this network namespace?)"
                 )
             })?;
             std::thread::sleep(Duration::from_millis(10).min(left));
         };
         let ring_bytes = self.config.ring_bytes;
-        let (memfd, seg) = create_segment(ring_bytes).map_err(io_err)?;
+        let platform = self.config.platform;
+        let (memfd, seg) = create_segment(platform, ring_bytes).map_err(io_err)?;
         let mut hello = [0u8; HELLO_LEN];
         let head = HelloHead {
             rank: self.identity.rank,
@@ -383,7 +338,8 @@ impl Transport for ShmTransport {
         DIALECT.encode(&head, &mut hello);
         hello[32..40].copy_from_slice(&(ring_bytes as u64).to_le_bytes());
         hello[40..44].copy_from_slice(&std::process::id().to_le_bytes());
-        let probe = if self.config.single_copy {
+        // Only a platform that could read the peer's memory asks to have its own read.
+        let probe = if self.config.single_copy && platform.cross_memory().is_some() {
             &CMA_PROBE as *const u64 as u64
         } else {
             0
@@ -399,7 +355,7 @@ impl Transport for ShmTransport {
                 sock.as_raw_fd(),
                 tail.as_ptr().cast(),
                 tail.len(),
-                libc::MSG_NOSIGNAL,
+                platform::SEND_FLAGS,
             )
         };
         if sent != tail.len() as isize {
@@ -424,7 +380,7 @@ impl Transport for ShmTransport {
 
 struct ShmListener {
     gate: crate::auth::DataGate,
-    listener: UnixListener,
+    listener: LocalListener,
     identity: Identity,
     config: ShmConfig,
 }
@@ -435,7 +391,7 @@ impl ShmListener {
     fn handshake(
         &self,
         stream: &UnixStream,
-    ) -> std::result::Result<(u32, u32, Segment, i32), String> {
+    ) -> std::result::Result<(u32, u32, Segment, i32, Option<CrossMemory>), String> {
         let (hello, fd) =
             recv_hello(stream).map_err(|e| format!("no complete hello frame ({e})"))?;
         let word = |r: std::ops::Range<usize>| {
@@ -453,45 +409,34 @@ impl ShmListener {
             ));
         }
         let fd = fd.ok_or_else(|| format!("rank {rank} sent no shared-memory segment"))?;
-        // The segment must be exactly as large as announced and unable to shrink under us.
-        // SAFETY: fstat/fcntl on a descriptor we own, into a zeroed stat buffer.
-        let (size, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(format!("fstat: {}", io::Error::last_os_error()));
-            }
-            (
-                st.st_size as u64,
-                libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS),
-            )
-        };
-        if size != (CONTROL_BYTES + ring_bytes) as u64
-            || seals < 0
-            || seals & libc::F_SEAL_SHRINK == 0
-        {
-            return Err(format!(
-                "rank {rank} sent a segment of {size} bytes (seals {seals}) for a {ring_bytes}-byte ring"
-            ));
-        }
-        let seg = Segment::map(&fd, ring_bytes).map_err(|e| format!("mmap: {e}"))?;
+        // The segment must be as large as announced and (where the platform can seal)
+        // unable to shrink under us.
+        let platform = self.config.platform;
+        platform
+            .check_received(fd.as_fd(), CONTROL_BYTES + ring_bytes)
+            .map_err(|e| format!("rank {rank} sent {e}, for a {ring_bytes}-byte ring"))?;
+        let seg = Segment::map(platform, &fd, ring_bytes).map_err(|e| format!("mmap: {e}"))?;
         let ctl = seg.ctl();
         if ctl.magic != SEGMENT_MAGIC || ctl.ring_bytes != ring_bytes as u64 {
             return Err(format!("rank {rank} sent an uninitialised segment"));
         }
         let pid = word(40..44) as i32;
         let probe = word(48..56);
-        if probe != 0 && self.config.single_copy && cma_read_u64(pid, probe) == Some(CMA_PROBE) {
+        let cross = platform.cross_memory().filter(|c| {
+            probe != 0 && self.config.single_copy && c.read_u64(pid, probe) == Some(CMA_PROBE)
+        });
+        if cross.is_some() {
             ctl.cma_ok.store(1, Ordering::Release);
         }
-        Ok((rank, channel, seg, pid))
+        Ok((rank, channel, seg, pid, cross))
     }
 }
 
 impl Listener for ShmListener {
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn RecvComm>> {
         let deadline = Deadline::after(timeout);
-        let (stream, (peer, channel, seg, peer_pid)) = conn::accept(
-            &self.listener,
+        let (stream, (peer, channel, seg, peer_pid, cross)) = conn::accept(
+            self.listener.listener(),
             &deadline,
             ("shared-memory connection", " over shared memory"),
             |s| self.handshake(s),
@@ -509,6 +454,7 @@ impl Listener for ShmListener {
             stalls: 0,
             hangup: false,
             peer_pid,
+            cross,
             remote: None,
             cma_done: 0,
         };
@@ -529,17 +475,26 @@ mod tests {
     fn handle_round_trip_and_rejects() {
         let h = Handle(b"busbw-shm/1 rank=3 pid=12 sock=@busbw-shm.12.0.ff".to_vec());
         let (r, s) = parse_handle(&h).unwrap();
-        assert_eq!((r, s.as_str()), (3, "busbw-shm.12.0.ff"));
+        assert_eq!((r, s.as_str()), (3, "@busbw-shm.12.0.ff"));
         assert!(parse_handle(&Handle(b"garbage".to_vec())).is_err());
         assert!(parse_handle(&Handle(b"busbw-shm/1 rank=x sock=@a".to_vec())).is_err());
-        assert!(parse_handle(&Handle(b"busbw-shm/1 rank=1 sock=/tmp/a".to_vec())).is_err());
+        let file = parse_handle(&Handle(b"busbw-shm/1 rank=1 sock=/tmp/a".to_vec())).unwrap();
+        assert_eq!(file.1, "/tmp/a", "a socket file (the portable platform's)");
+        assert!(parse_handle(&Handle(b"busbw-shm/1 rank=1 sock=tmp/a".to_vec())).is_err());
+        assert!(parse_handle(&Handle(b"busbw-shm/1 rank=1 sock=@".to_vec())).is_err());
         assert!(parse_handle(&Handle(b"busbw-tcp/1 rank=1 addr=127.0.0.1:1".to_vec())).is_err());
         assert!(parse_handle(&Handle(vec![0xff, 0xfe])).is_err());
     }
 
     #[test]
     fn ring_wraps_around() {
-        let (_fd, seg) = create_segment(MIN_RING).unwrap();
+        for &p in Platform::ALL {
+            ring_wraps_around_on(p);
+        }
+    }
+
+    fn ring_wraps_around_on(platform: Platform) {
+        let (_fd, seg) = create_segment(platform, MIN_RING).unwrap();
         let src: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
         let mut dst = vec![0u8; 1000];
         let pos = (MIN_RING - 300) as u64 + 7 * MIN_RING as u64;

@@ -1,58 +1,17 @@
-//! The shared segment of one connection: its control page (counters, flags), the memfd
-//! that holds it, the doorbell handshake on the unix socket, and cross-memory reads.
+//! The shared segment of one connection: its control page (counters, flags), the file that
+//! holds it (made and mapped by the [`Platform`]), and the doorbell handshake on the unix
+//! socket.
 
 use super::*;
 
 /// Whether the peer behind `sock` has gone away (closed its end, or died). Doorbell bytes
 /// make the socket readable too, so only the hang-up events count.
 pub(super) fn hung_up(sock: RawFd) -> bool {
-    match poll_fd(sock, libc::POLLRDHUP, Duration::ZERO) {
-        Ok(r) => r & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+    let hangup = platform::HANGUP_EVENTS;
+    match poll_fd(sock, hangup, Duration::ZERO) {
+        Ok(r) => r & (hangup | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
         Err(_) => true,
     }
-}
-
-/// Copies `len` bytes at `remote` in process `pid` to `dst` with one `process_vm_readv` per
-/// piece the kernel returns.
-///
-/// # Safety
-/// `dst..dst+len` must be writable.
-pub(super) unsafe fn cma_read(pid: i32, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let local = libc::iovec {
-            iov_base: dst.add(done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let far = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let n = libc::process_vm_readv(pid, &local, 1, &far, 1, 0);
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "read no bytes",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
-/// One word of another process's memory, if this process may read it.
-pub(super) fn cma_read_u64(pid: i32, addr: u64) -> Option<u64> {
-    let mut v = 0u64;
-    // SAFETY: the destination is a local u64.
-    unsafe { cma_read(pid, addr, &mut v as *mut u64 as *mut u8, 8) }.ok()?;
-    Some(v)
 }
 
 /// Wakes the peer sleeping behind `sock`. A full socket buffer already holds doorbells and a
@@ -65,7 +24,7 @@ pub(super) fn ring_doorbell(sock: RawFd) {
             sock,
             &b as *const u8 as *const libc::c_void,
             1,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            libc::MSG_DONTWAIT | platform::SEND_FLAGS,
         )
     };
 }
@@ -165,24 +124,11 @@ pub(super) struct Segment {
 unsafe impl Send for Segment {}
 
 impl Segment {
-    pub(super) fn map(fd: &OwnedFd, ring_bytes: usize) -> io::Result<Segment> {
+    pub(super) fn map(platform: Platform, fd: &OwnedFd, ring_bytes: usize) -> io::Result<Segment> {
         let map_len = CONTROL_BYTES + ring_bytes;
-        // SAFETY: a fresh shared mapping of a descriptor we hold; checked for failure.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let base = platform.map(fd.as_fd(), map_len)?;
         Ok(Segment {
-            base: base as *mut u8,
+            base: base.as_ptr(),
             map_len,
             size: ring_bytes,
         })
@@ -227,39 +173,22 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // SAFETY: base/map_len describe the mapping made in `map`, unmapped only here.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+        if let Some(base) = std::ptr::NonNull::new(self.base) {
+            // SAFETY: base/map_len describe the mapping made in `map`, unmapped only here.
+            unsafe { platform::unmap(base, self.map_len) };
+        }
     }
 }
 
-/// Creates a sealed memfd of the right size with an initialised control page.
-pub(super) fn create_segment(ring_bytes: usize) -> io::Result<(OwnedFd, Segment)> {
-    // SAFETY: the name is a NUL-terminated literal; the result is checked.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"busbw-shm".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let len = (CONTROL_BYTES + ring_bytes) as libc::off_t;
-    // SAFETY: plain syscalls on a descriptor we own.
-    unsafe {
-        if libc::ftruncate(fd.as_raw_fd(), len) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Fixed size from now on: neither side can be hit by SIGBUS from a shrunk segment.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    let seg = Segment::map(&fd, ring_bytes)?;
-    // SAFETY: nobody else sees the segment yet; the atomics are already zero (fresh memfd).
+/// Creates the segment's file (sealed where the platform can) with an initialised control
+/// page; its name in `/proc/<pid>/maps` is `busbw-shm`.
+pub(super) fn create_segment(
+    platform: Platform,
+    ring_bytes: usize,
+) -> io::Result<(OwnedFd, Segment)> {
+    let fd = platform.anonymous_memory("busbw-shm", CONTROL_BYTES + ring_bytes)?;
+    let seg = Segment::map(platform, &fd, ring_bytes)?;
+    // SAFETY: nobody else sees the segment yet; the atomics are already zero (a new file).
     unsafe {
         let ctl = seg.base as *mut Control;
         (*ctl).magic = SEGMENT_MAGIC;

@@ -184,17 +184,7 @@ fn loopback_congestion(stream: &TcpStream, name: Option<&str>) -> Option<String>
     if !local {
         return None;
     }
-    // SAFETY: fd is a valid socket owned by `stream`; the value is `name`'s bytes and length.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr() as *const libc::c_void,
-            name.len() as libc::socklen_t,
-        )
-    };
-    (rc == 0).then(|| name.to_string())
+    crate::platform::set_tcp_congestion(stream.as_raw_fd(), name).then(|| name.to_string())
 }
 
 impl Transport for TcpTransport {
