@@ -73,23 +73,9 @@ impl SplitGroup {
     }
 }
 
-/// `0-3,8,10-11`.
+/// `0-3,8,10-11`: the launchers' folded ranks, without their spaces.
 pub fn rank_list(ranks: &[usize]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        parts.push(if j > i {
-            format!("{}-{}", ranks[i], ranks[j])
-        } else {
-            ranks[i].to_string()
-        });
-        i = j + 1;
-    }
-    parts.join(",")
+    busbw_launchers::rendezvous::fold_ranges(ranks).replace(", ", ",")
 }
 
 #[cfg(test)]

@@ -19,15 +19,12 @@ pub fn start() -> u64 {
     *START.get_or_init(resident)
 }
 
-/// Resident memory of this process, bytes (0 where /proc cannot tell).
+/// Resident memory of this process, bytes (0 where the platform cannot tell; the portable
+/// platform gives the peak, `getrusage`'s figure).
 pub fn resident() -> u64 {
-    let pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096)
+    busbw_transports::platform::Platform::active()
+        .resident_bytes()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
