@@ -10,7 +10,8 @@
 # 128 KiB and 16 MiB, 20 timed iterations, no validation. Prints per transport and size the
 # median out-of-place time of each build and their ratio (after / before).
 # AB_COLL picks another collective's binary name (alltoall_perf, ...), AB_EXTRA adds flags
-# (AB_EXTRA="--algo tree").
+# (AB_EXTRA="--algo tree"), AB_SIZES runs the sizes it lists instead, each alone
+# (AB_SIZES="8 256K 16M").
 set -euo pipefail
 
 (($# >= 2)) || { echo "usage: $0 BEFORE_BINARY AFTER_BINARY [PAIRS] [NP]" >&2; exit 2; }
@@ -28,6 +29,13 @@ for ((pair = 1; pair <= PAIRS; pair++)); do
         bin=$BEFORE
         [[ $which == after ]] && bin=$AFTER
         for tr in shm tcp; do
+            if [[ -n ${AB_SIZES:-} ]]; then
+                for size in $AB_SIZES; do
+                    "$bin" "$COLL" --np "$NP" --transport "$tr" -b "$size" -e "$size" -n 20 -w 5 -c 0 "${EXTRA[@]}" 2>/dev/null |
+                        awk -v w="$which" -v t="$tr" '/^ +[0-9]+ +[0-9]+ +float/ {print w, t, $1, $6}' >>"$OUT"
+                done
+                continue
+            fi
             "$bin" "$COLL" --np "$NP" --transport "$tr" -b 8 -e 32M -f 128 -n 20 -w 5 -c 0 "${EXTRA[@]}" 2>/dev/null |
                 awk -v w="$which" -v t="$tr" '/^ +[0-9]+ +[0-9]+ +float/ {print w, t, $1, $6}' >>"$OUT"
         done

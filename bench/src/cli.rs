@@ -1,7 +1,7 @@
 //! Command line. Flags, defaults and meanings follow nccl-tests (`-b -e -i -f -n -w -c -o -d
 //! -a -N -T ...`) so that existing runbooks work unchanged; `--np` and `--min-busbw` are ours.
 
-use busbw_collectives::algo::Algo;
+use busbw_collectives::select::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
 use busbw_measure::sizes::{parse_size, Rotation};
@@ -210,7 +210,7 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
         (false, true, false) => Some(Algo::Ring),
         (false, false, true) => Some(Algo::Tree),
         (false, false, false) if has("direct") => Some(Algo::Direct),
-        (false, false, false) => Some(Algo::Rd),
+        (false, false, false) => Some(Algo::Doubling),
         (true, true, false) => Some(Algo::Tree),
         (true, false, true) => Some(Algo::Ring),
         _ => None,
@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(parse_algo("ring"), Ok(Algo::Ring));
         assert_eq!(parse_algo("Tree"), Ok(Algo::Tree));
         assert_eq!(parse_algo("AUTO"), Ok(Algo::Auto));
-        assert_eq!(parse_algo("rd"), Ok(Algo::Rd));
+        assert_eq!(parse_algo("rd"), Ok(Algo::Doubling));
         assert_eq!(parse_algo("Direct"), Ok(Algo::Direct));
         assert_eq!(parse_algo("ring,rd"), Ok(Algo::Auto));
         assert_eq!(parse_algo("Ring,Tree"), Ok(Algo::Auto));

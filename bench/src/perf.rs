@@ -7,13 +7,13 @@ use crate::exports::{self, Outputs};
 use crate::terminal::Terminal;
 use anyhow::{Context, Result};
 use busbw_collectives::cuda::select::Slot;
-use busbw_collectives::{CommError, ReduceOp};
+use busbw_collectives::ReduceOp;
 use busbw_job::diagnose::{diagnose_hang, is_abort, peer_host, root_cause};
 use busbw_job::signals::SignalWatch;
 use busbw_job::split::{rank_list, split_groups, SplitGroup};
 use busbw_job::{join_rendezvous, JoinOptions, Session};
 use busbw_launchers::signal;
-use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, StoreError, World};
+use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, World};
 use busbw_measure::device::DeviceMem;
 use busbw_measure::report::{footer, run_header};
 use busbw_measure::specs::CollectiveSpec;
@@ -22,7 +22,7 @@ use busbw_reports::{Sink, TextTable};
 
 /// What a rank does once it has joined the job; returns its exit code. `Sync` because the
 /// ranks of one process (`-t`, `-g`) run it on their threads.
-pub type Work<'a> = &'a (dyn Fn(&mut Session, &Plan, &World) -> Result<i32> + Sync);
+pub type RankWork<'a> = &'a (dyn Fn(&mut Session, &Plan, &World) -> Result<i32> + Sync);
 
 pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
     main_with(spec, args, &|session, plan, world| {
@@ -34,7 +34,7 @@ pub fn main(spec: &'static CollectiveSpec, args: &PerfArgs) -> i32 {
 
 /// [`main`] with other per-rank work than the sweep (`busbw tiers`): the same launch,
 /// rendezvous, error reporting and exit codes.
-pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> i32 {
+pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: RankWork) -> i32 {
     signal::install();
     let plan = match crate::plan::from_args(spec, args) {
         Ok(p) => p,
@@ -137,7 +137,7 @@ pub fn main_with(spec: &'static CollectiveSpec, args: &PerfArgs, work: Work) -> 
 
 /// This process's ranks: itself (the common case, on the main thread, exactly as without
 /// `-t`), or `-t × -g` ranks on threads of their own.
-fn run_process(world: &World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
+fn run_process(world: &World, plan: &Plan, args: &PerfArgs, work: RankWork) -> i32 {
     let per_process = plan.ranks_per_process();
     if per_process == 1 {
         return run_rank(world.clone(), plan, args, work);
@@ -171,22 +171,9 @@ fn run_process(world: &World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                     })
                 })
                 .collect();
-            combine(&codes)
+            exit::combine(&codes)
         }
     }
-}
-
-/// The process's exit code from its ranks': the first that is a cause (the rank that failed,
-/// timed out or was signalled, in rank order) rather than the echo of one (`PEER_FAILURE`,
-/// which the other ranks of a failed job all return); else `PEER_FAILURE` if any rank saw one;
-/// else 0. Wrong results are a verdict every rank reaches together, so they pass through.
-pub fn combine(codes: &[i32]) -> i32 {
-    codes
-        .iter()
-        .copied()
-        .find(|&c| c != exit::OK && c != exit::PEER_FAILURE)
-        .or_else(|| codes.iter().copied().find(|&c| c == exit::PEER_FAILURE))
-        .unwrap_or(exit::OK)
 }
 
 fn own_exe() -> Result<std::path::PathBuf, i32> {
@@ -255,78 +242,7 @@ fn launch_pod(pod: &World, g: usize, plan: &Plan, token: Option<&str>) -> i32 {
     }
 }
 
-/// Exit code for a failure: a peer's death and a timeout are reported differently from our
-/// own bugs, so that a nightly job can tell a bad node from a bad build.
-pub fn classify(e: &anyhow::Error) -> i32 {
-    e.chain().find_map(decides).unwrap_or(exit::INTERNAL)
-}
-
-/// The exit code one error of a chain decides, if it decides one. The libraries' errors are
-/// looked through to the error they carry, which their transparent variants keep out of the
-/// chain.
-fn decides(cause: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    use busbw_job::{BuildError, Error as Job};
-    let build = |b: &BuildError| match b {
-        BuildError::Store(s) => Some(store_code(s)),
-        BuildError::Comm(c) => comm_code(c),
-        _ => None,
-    };
-    if let Some(c) = cause.downcast_ref::<CommError>() {
-        return comm_code(c);
-    }
-    if let Some(m) = cause.downcast_ref::<busbw_measure::Error>() {
-        return m.comm().and_then(comm_code);
-    }
-    if let Some(j) = cause.downcast_ref::<Job>() {
-        return match j.leaf() {
-            Job::Comm(c) => comm_code(c),
-            Job::Store(s) => Some(store_code(s)),
-            // The fix is the command line.
-            Job::Flags(_) => Some(exit::USAGE),
-            Job::Measure(m) => m.comm().and_then(comm_code),
-            Job::Build(b) => build(b),
-            _ => None,
-        };
-    }
-    if let Some(t) = cause.downcast_ref::<busbw_tiers::Error>() {
-        return match t {
-            busbw_tiers::Error::Build(b) => build(b),
-            _ => None,
-        };
-    }
-    if cause.downcast_ref::<busbw_job::FlagsDiffer>().is_some() {
-        return Some(exit::USAGE);
-    }
-    if cause
-        .downcast_ref::<busbw_launchers::topology::SourceError>()
-        .is_some()
-    {
-        return Some(exit::USAGE); // a topology source as configured cannot be read
-    }
-    cause.downcast_ref::<StoreError>().map(store_code)
-}
-
-fn comm_code(c: &CommError) -> Option<i32> {
-    match c {
-        CommError::Timeout { .. } => Some(exit::TIMEOUT),
-        CommError::Aborted { .. } | CommError::Transport { .. } => Some(exit::PEER_FAILURE),
-        // What the lookup failed on (a peer that never registered, one no transport
-        // reaches) decides.
-        CommError::Lookup { .. } => None,
-        _ => Some(exit::INTERNAL),
-    }
-}
-
-fn store_code(s: &StoreError) -> i32 {
-    match s {
-        StoreError::Timeout { .. } => exit::TIMEOUT,
-        // The fix is a setting (another --port, the right --job-token).
-        StoreError::PortInUse { .. } | StoreError::WrongToken { .. } => exit::USAGE,
-        _ => exit::PEER_FAILURE,
-    }
-}
-
-fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
+fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: RankWork) -> i32 {
     if let Some(spec) = &args.socket_ifname {
         // Checked before joining, so that a typo is a usage error on the host that has it
         // rather than a peer failure everywhere else.
@@ -362,7 +278,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
         Err(e) => {
             let e = anyhow::Error::new(e);
             eprintln!("busbw: rank {rank} on {host}: error: {e:#}");
-            return signal::received().map_or_else(|| classify(&e), signal::exit_code);
+            return signal::received().map_or_else(|| exit::classify(&e), signal::exit_code);
         }
     };
     _watch.arm(session.abort.clone());
@@ -373,7 +289,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
                 r.hurry(busbw_job::LEAVING);
             }
             let signalled = signal::received();
-            let code = signalled.map_or_else(|| classify(&e), signal::exit_code);
+            let code = signalled.map_or_else(|| exit::classify(&e), signal::exit_code);
             let echo = is_abort(e.as_ref());
             let mut msg = format!("{e:#}");
             let mut diagnosed = false;
@@ -388,7 +304,7 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: Work) -> i32 {
             }
             if !echo && !diagnosed && code != exit::INTERNAL {
                 if let Some(reason) =
-                    root_cause(&session, e.as_ref(), classify(&e) == exit::INTERNAL)
+                    root_cause(&session, e.as_ref(), exit::classify(&e) == exit::INTERNAL)
                 {
                     msg = format!("{msg}\n  root cause reported by the job: {reason}");
                 }
@@ -570,13 +486,16 @@ fn sweep(
                 Err(e) => {
                     let e = anyhow::Error::new(e);
                     if rank0 {
-                        let why =
-                            match root_cause(session, e.as_ref(), classify(&e) == exit::INTERNAL) {
-                                Some(cause) => {
-                                    format!("{e:#}; root cause reported by the job: {cause}")
-                                }
-                                None => format!("{e:#}"),
-                            };
+                        let why = match root_cause(
+                            session,
+                            e.as_ref(),
+                            exit::classify(&e) == exit::INTERNAL,
+                        ) {
+                            Some(cause) => {
+                                format!("{e:#}; root cause reported by the job: {cause}")
+                            }
+                            None => format!("{e:#}"),
+                        };
                         table.fail(&why);
                     }
                     return Err(e);
@@ -652,17 +571,5 @@ mod tests {
             usage_lines(&some, 10),
             ["ranks 4-6: 4 ranks, matrix 3", "rank 9: root 5"]
         );
-    }
-
-    #[test]
-    fn the_process_exits_with_the_cause_not_its_echoes() {
-        use exit::*;
-        assert_eq!(combine(&[OK, OK, OK]), OK);
-        assert_eq!(combine(&[PEER_FAILURE, INTERNAL, PEER_FAILURE]), INTERNAL);
-        assert_eq!(combine(&[PEER_FAILURE, PEER_FAILURE]), PEER_FAILURE);
-        assert_eq!(combine(&[OK, PEER_FAILURE]), PEER_FAILURE);
-        assert_eq!(combine(&[WRONG_RESULTS, WRONG_RESULTS]), WRONG_RESULTS);
-        assert_eq!(combine(&[PEER_FAILURE, TIMEOUT, INTERNAL]), TIMEOUT);
-        assert_eq!(combine(&[143, PEER_FAILURE]), 143);
     }
 }

@@ -2,7 +2,7 @@
 //! any rank connects, with a message that says which flag to change.
 
 use crate::cli::{Choice, PerfArgs};
-use busbw_collectives::algo::Algo;
+use busbw_collectives::select::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_measure::plan::{Average, Split, MAX_RANKS_PER_PROCESS, MAX_UNALIGN};
 use busbw_measure::specs::{CollectiveSpec, Redop};

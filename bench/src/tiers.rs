@@ -143,7 +143,7 @@ pub fn main(t: &TiersArgs) -> i32 {
     let mut perf_args = t.perf.clone();
     perf_args
         .algo
-        .get_or_insert(busbw_collectives::algo::Algo::Ring);
+        .get_or_insert(busbw_collectives::select::Algo::Ring);
     perf::main_with(spec, &perf_args, &|session, plan, world| {
         run(session, plan, world, &opts)
     })
@@ -178,7 +178,7 @@ impl Sink for WorldSink<'_> {
 }
 
 /// Rank 0's table and export files, and the whole job's summary, kept for the end.
-struct Shown<'a> {
+struct MainTable<'a> {
     plan: &'a Plan,
     rank0: bool,
     header: RunHeader,
@@ -188,7 +188,7 @@ struct Shown<'a> {
     summary: Summary,
 }
 
-impl Shown<'_> {
+impl MainTable<'_> {
     /// The sweep over the whole job, shown as any run is; on every rank, what it measured
     /// (rank 0's rows are the ones that count).
     fn whole_job(&mut self, comm: &mut Communicator) -> Result<Sweep> {
@@ -264,7 +264,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     if rank0 {
         exports = exports::for_run(&opts.report, plan, session, &mut table)?;
     }
-    let mut bench = Shown {
+    let mut bench = MainTable {
         plan,
         rank0,
         header: run_header(plan, session.devices.clone(), &session.transport_name),
@@ -319,7 +319,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
 /// Rank 0, once the tiers are concluded: the tier report after the main table, the export
 /// files finished with it, `--label-nodes`, and the job's exit code.
 fn finish_rank0(
-    bench: &mut Shown,
+    bench: &mut MainTable,
     c: &busbw_tiers::Conclusion,
     store: &dyn Store,
     opts: &Options,

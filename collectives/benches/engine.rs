@@ -1,6 +1,6 @@
 //! What one small call costs the CPU outside the wire: rank 0 of a 2-rank communicator whose
 //! peer answers instantly (every send completes when posted, every receive when posted, with
-//! the length asked for), so a call is only the algorithm's bookkeeping: plan, post, test,
+//! the length asked for), so a call is only the algorithm's bookkeeping: schedule, post, test,
 //! reduce, hand back. At 8 bytes over shared memory that bookkeeping sits on the critical path
 //! of every hop, and unlike a ping-pong it does not depend on a peer's scheduling: its
 //! instruction count is the same on a loaded machine (`bench/scripts/engine-instructions.sh`
@@ -10,8 +10,8 @@
 //! for each algorithm at 8 bytes; `BUSBW_ENGINE_CALLS=N` sets calls per round.
 
 use busbw_collectives::{
-    broadcast, rd_all_reduce, sendrecv, tree_all_reduce, CommConfig, Communicator, Data, DataType,
-    ReduceOp,
+    broadcast, doubling_all_reduce, sendrecv, tree_all_reduce, CommConfig, Communicator, Data,
+    DataType, ReduceOp,
 };
 use busbw_transports::{
     Handle, Identity, Listener, Properties, RecvComm, Registration, RequestId, Result, SendComm,
@@ -158,7 +158,7 @@ fn main() {
             busbw_collectives::all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
         }),
         ("rd", |c, b| {
-            rd_all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
+            doubling_all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)
         }),
         ("tree", |c, b| {
             tree_all_reduce(c, Data::in_place(b), 2, DataType::Float32, ReduceOp::Sum)

@@ -20,7 +20,7 @@ pub enum CommError {
         rank: usize,
         peer: usize,
         #[source]
-        cause: crate::peers::LookupError,
+        cause: LookupError,
     },
     #[error("rank {rank}: no progress for {secs:.0} s {what}")]
     Timeout {
@@ -72,3 +72,8 @@ impl CommError {
         }
     }
 }
+
+/// Why a peer's handle could not be had, in the book's own words (it never registered, it
+/// cannot be reached with this rank's transports): the communicator adds which rank asked
+/// and for whom.
+pub type LookupError = Box<dyn std::error::Error + Send + Sync>;

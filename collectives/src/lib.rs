@@ -8,40 +8,32 @@
 //! Validation data ([`verifiable`]) is designed so that float reductions are exact in any
 //! order: results are compared bit for bit, whatever algorithm produced them.
 
-pub mod algo;
+pub mod algorithms;
 pub mod buffer;
-pub mod chain;
-pub mod communicator;
 pub mod cuda;
-mod data;
-pub mod direct;
 pub mod dtype;
 pub mod element;
 mod engine;
 mod error;
+pub mod link;
 pub mod offload;
-pub mod p2p;
-pub mod peers;
-pub mod rd;
-pub mod ring;
-pub mod space;
+pub mod select;
 pub mod testing;
-pub mod tree;
 pub mod verifiable;
-mod workspace;
 
-pub use algo::{all_reduce_with, calibrate, Algo, CostModel};
+pub use algorithms::chain::{broadcast, reduce};
+pub use algorithms::direct::direct_all_reduce;
+pub use algorithms::doubling::{all_reduce_values, barrier, doubling_all_reduce};
+pub use algorithms::grouped::{alltoall, alltoallv, gather, hypercube, scatter, sendrecv};
+pub use algorithms::ring::{all_gather, all_reduce, reduce_scatter};
+pub use algorithms::tree::tree_all_reduce;
+pub use algorithms::{connect_ring, neighbours};
 pub use buffer::HostBuffer;
-pub use chain::{broadcast, reduce};
-pub use communicator::{CommConfig, Communicator, SMALL_CHANNEL};
-pub use data::Data;
-pub use direct::direct_all_reduce;
 pub use dtype::{DataType, ParseNameError, ReduceOp};
-pub use error::CommError;
+pub use engine::data::Data;
+pub use engine::space::MemorySpace;
+pub use error::{CommError, LookupError};
+pub use link::peers::PeerBook;
+pub use link::{CommConfig, Communicator, SMALL_CHANNEL};
 pub use offload::{Mirror, Offload, OffloadError, Ticket};
-pub use p2p::{alltoall, alltoallv, gather, hypercube, scatter, sendrecv};
-pub use peers::{neighbours, PeerBook};
-pub use rd::{all_reduce_values, barrier, rd_all_reduce};
-pub use ring::{all_gather, all_reduce, reduce_scatter};
-pub use space::MemorySpace;
-pub use tree::tree_all_reduce;
+pub use select::{all_reduce_with, calibrate, Algo, CostModel};

@@ -1,7 +1,7 @@
 //! Helpers for running many ranks as threads of one process (tests, examples).
 
-use crate::communicator::{CommConfig, Communicator};
 use crate::error::CommError;
+use crate::link::{CommConfig, Communicator};
 use busbw_transports::inproc::InprocTransport;
 use busbw_transports::shm::{ShmConfig, ShmTransport};
 use busbw_transports::tcp::{TcpConfig, TcpTransport};

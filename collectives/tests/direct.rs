@@ -2,7 +2,7 @@
 //! reduction: every type and operator, in and out of place, any rank count; and the ring in
 //! its place wherever a rank's buffers cannot be mapped.
 
-use busbw_collectives::direct::{direct_all_reduce, tally, Fallback};
+use busbw_collectives::algorithms::direct::{direct_all_reduce, tally, Fallback};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
@@ -12,10 +12,10 @@ use busbw_transports::platform::{Platform, PLATFORM_ENV};
 use proptest::prelude::*;
 use std::time::Duration;
 
-fn config(direct: bool) -> CommConfig {
+fn config(map_peers: bool) -> CommConfig {
     CommConfig {
         timeout: Duration::from_secs(20),
-        direct,
+        map_peers,
         ..CommConfig::default()
     }
 }

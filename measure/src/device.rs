@@ -559,7 +559,7 @@ mod tests {
         match DeviceMem::open(Slot::single(0)) {
             Ok(d) => assert!(!d.line().name.is_empty()),
             Err(e) => {
-                let m = format!("{e:#}");
+                let m = crate::chain(&e);
                 eprintln!("SKIP device test: {m}");
                 assert!(
                     m.contains("run without -g")

@@ -87,3 +87,15 @@ impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
         })
     }
 }
+
+/// The error and its causes in one line, as `anyhow` prints `{:#}`: what a program shows.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}

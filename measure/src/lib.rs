@@ -17,6 +17,6 @@ pub mod resident;
 pub mod sizes;
 pub mod specs;
 
-pub use error::{Error, Result};
+pub use error::{chain, Error, Result};
 pub use harness::{run, run_with, Summary};
 pub use plan::Plan;

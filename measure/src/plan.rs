@@ -6,7 +6,7 @@
 
 use crate::sizes;
 use crate::specs::CollectiveSpec;
-use busbw_collectives::algo::Algo;
+use busbw_collectives::select::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_reports::Step;
 use busbw_transports::multi::TransportKind;

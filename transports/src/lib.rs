@@ -21,7 +21,6 @@ mod framed;
 pub mod iface;
 pub mod inproc;
 pub mod multi;
-pub mod nodes;
 pub mod platform;
 pub mod shm;
 mod slots;

@@ -1,36 +1,41 @@
-//! The executor: one progress loop for every plan.
+//! The executor: one progress loop for every schedule.
 
 use super::links::Conns;
-use super::{Arrival, Dir, Key, Link, Plan, Progress};
-use crate::communicator::{Communicator, Waiter};
-use crate::data::Regs;
+use super::{Arrival, Dir, Key, Link, Progress, Schedule};
 use crate::dtype::ReduceOp;
 use crate::element::{Element, PAR_MIN_BYTES};
+use crate::engine::data::Regs;
+use crate::engine::space::{Failed, MemorySpace, Space};
+use crate::engine::workspace::{reduce_pool, staging};
 use crate::error::CommError;
+use crate::link::{Communicator, Waiter};
 use crate::offload::Ticket;
-use crate::space::{Failed, MemorySpace, Space};
-use crate::workspace::staging;
 use busbw_transports::{RequestId, Sleep};
 
-/// Run `plan` to completion over the communicator's connections, in the memory `space` the
+/// Run `schedule` to completion over the communicator's connections, in the memory `space` the
 /// call's data lives in.
 ///
 /// # Safety
-/// Every pointer the plan hands out must be valid for the message it describes, and the plan
+/// Every pointer the schedule hands out must be valid for the message it describes, and the schedule
 /// must not let two in-flight requests, or a request and a reduction, touch the same memory.
-pub(crate) unsafe fn run<T: Element, P: Plan<T>>(
+pub(crate) unsafe fn run<T: Element, P: Schedule<T>>(
     comm: &mut Communicator,
-    plan: &mut P,
+    schedule: &mut P,
     op: ReduceOp,
     space: &mut MemorySpace,
 ) -> Result<(), CommError> {
     let tag = comm.next_tag();
-    let mut scratch = comm.engine.take().unwrap_or_default();
-    let result = run_with(comm, plan, op, tag, space, &mut scratch);
+    let mut scratch = comm.kept::<Kept>().0.take().unwrap_or_default();
+    let result = run_with(comm, schedule, op, tag, space, &mut scratch);
     scratch.clear();
-    comm.engine = Some(scratch);
-    space.finish(comm.rank(), result, plan.name())
+    comm.kept::<Kept>().0 = Some(scratch);
+    space.finish(comm.rank(), result, schedule.name())
 }
+
+/// The executor's bookkeeping as the communicator keeps it between calls (boxed: a call
+/// takes it out and puts it back, which should move a pointer, not the vectors).
+#[derive(Default)]
+struct Kept(Option<Box<Scratch>>);
 
 /// The executor's bookkeeping, kept by the communicator between calls: once warm a call
 /// allocates nothing and copies no inline arrays (at 8 bytes either costs as much as the
@@ -63,9 +68,9 @@ impl Scratch {
     }
 }
 
-unsafe fn run_with<T: Element, P: Plan<T>>(
+unsafe fn run_with<T: Element, P: Schedule<T>>(
     comm: &mut Communicator,
-    plan: &mut P,
+    schedule: &mut P,
     op: ReduceOp,
     tag: u32,
     space: &mut MemorySpace,
@@ -79,7 +84,7 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
         regs,
         on,
     } = scratch;
-    links.extend_from_slice(plan.links());
+    links.extend_from_slice(schedule.links());
     let window = comm.config().window;
     for l in links.iter().filter(|l| l.dir == Dir::Recv) {
         if let Some(id) = l.staged {
@@ -95,22 +100,22 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
         p.0 = slots;
         slots += p.1;
     }
-    let slot = plan.slot_elems();
+    let slot = schedule.slot_elems();
     // (At least one slot's worth, so that the staging region is never empty.)
     let stage_elems = slots.max(1) * slot;
     // The pool splits only big reductions; smaller calls skip its reference count.
     let pool = if slot * std::mem::size_of::<T>() >= PAR_MIN_BYTES {
-        comm.reduce_pool()
+        reduce_pool(comm)
     } else {
         None
     };
     let (mut space, stage) = space.resolve(
         comm,
-        &plan.regions(),
+        &schedule.regions(),
         stage_elems,
         pool,
         |comm| staging::<T>(comm, stage_elems),
-        plan.name(),
+        schedule.name(),
         regs,
     )?;
     while states.len() < links.len() {
@@ -135,13 +140,13 @@ unsafe fn run_with<T: Element, P: Plan<T>>(
             op,
         };
         let states = &mut states[..links.len()];
-        ex.drive::<T, P>(&mut conns, plan, &mut space, states, done, on)
+        ex.drive::<T, P>(&mut conns, schedule, &mut space, states, done, on)
     });
     regs.release(comm);
     result
 }
 
-/// A send the plan released, waiting for its turn (and, on a staged device, for its fetch).
+/// A send the schedule released, waiting for its turn (and, on a staged device, for its fetch).
 #[derive(Clone, Copy)]
 struct Queued {
     from: *const u8,
@@ -158,7 +163,7 @@ struct Posted {
     at: *mut u8,
     /// Elements.
     len: usize,
-    /// Complete and checked, waiting for [`Plan::may_process`].
+    /// Complete and checked, waiting for [`Schedule::may_process`].
     landed: bool,
     reducing: Option<Ticket>,
 }
@@ -219,7 +224,7 @@ impl<T: Copy> Fifo<T> {
 /// One connection's requests.
 #[derive(Default)]
 struct State {
-    /// Messages the plan has handed out so far.
+    /// Messages the schedule has handed out so far.
     handed: usize,
     queue: Fifo<Queued>,
     sends: Fifo<RequestId>,
@@ -238,7 +243,7 @@ impl State {
     }
 }
 
-/// What one call's loop needs besides the plan and the connections.
+/// What one call's loop needs besides the schedule and the connections.
 struct Exec<'a> {
     links: &'a [Link],
     window: usize,
@@ -276,16 +281,16 @@ impl Exec<'_> {
     /// # Safety
     /// As [`run`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn drive<T: Element, P: Plan<T>>(
+    unsafe fn drive<T: Element, P: Schedule<T>>(
         &self,
         conns: &mut Conns,
-        plan: &mut P,
+        schedule: &mut P,
         space: &mut Space,
         states: &mut [State],
         done: &mut [usize],
         on: &mut Vec<Sleep>,
     ) -> Result<(), CommError> {
-        let (r, name, w) = (conns.comm.rank(), plan.name(), self.window);
+        let (r, name, w) = (conns.comm.rank(), schedule.name(), self.window);
         let esize = std::mem::size_of::<T>();
         let f = Failed { rank: r, name };
         let stage = self.stage as *mut T;
@@ -303,7 +308,7 @@ impl Exec<'_> {
                     Dir::Send => {
                         let err = |c| self.transport_err(r, name, l, c);
                         while st.handed < link.messages {
-                            let Some(o) = plan.next_send(l, &Progress { done }) else {
+                            let Some(o) = schedule.next_send(l, &Progress { done }) else {
                                 break;
                             };
                             let fetch = if o.own {
@@ -331,7 +336,7 @@ impl Exec<'_> {
                             }
                             let p = space.at(q.from as *const T, q.len, &f)? as *const u8;
                             let bytes = q.len * esize;
-                            // SAFETY: the plan keeps the memory as it is until the send
+                            // SAFETY: the schedule keeps the memory as it is until the send
                             // completes; the region holding it is registered.
                             let id = conns
                                 .send(l)
@@ -354,7 +359,7 @@ impl Exec<'_> {
                     Dir::Recv => {
                         let err = |c| self.transport_err(r, name, l, c);
                         while st.handed < link.messages && st.recvs.len() < w {
-                            let Some(i) = plan.next_recv(l, &Progress { done }) else {
+                            let Some(i) = schedule.next_recv(l, &Progress { done }) else {
                                 break;
                             };
                             let p = match i.into {
@@ -418,10 +423,10 @@ impl Exec<'_> {
                                 }
                                 // Tested all along (a send's completion may need the peer to
                                 // take this message first), processed only when allowed.
-                                if !plan.may_process(l, p.key, &Progress { done }) {
+                                if !schedule.may_process(l, p.key, &Progress { done }) {
                                     break;
                                 }
-                                match plan.arrived(l, p.key) {
+                                match schedule.arrived(l, p.key) {
                                     Arrival::Landed => space.landed(p.at as *const T, p.len, &f)?,
                                     Arrival::Reduce {
                                         out,
@@ -443,7 +448,7 @@ impl Exec<'_> {
                                     }
                                 }
                             }
-                            plan.processed(l, p.key);
+                            schedule.processed(l, p.key);
                             st.recvs.pop_front();
                             done[l] += 1;
                             remaining -= 1;

@@ -2,11 +2,11 @@
 //! out, so nothing has to be handed back, whichever way the call ends.
 
 use super::{Dir, Link};
-use crate::communicator::Communicator;
 use crate::error::CommError;
+use crate::link::Communicator;
 use busbw_transports::{RecvComm, SendComm, Sleep};
 
-/// A communicator whose connections for a plan's links are open.
+/// A communicator whose connections for a schedule's links are open.
 pub(crate) struct Conns<'c, 'l> {
     pub comm: &'c mut Communicator,
     links: &'l [Link],

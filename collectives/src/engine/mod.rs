@@ -1,26 +1,29 @@
 //! One executor for every algorithm that moves segments between peers.
 //!
-//! An algorithm is a [`Plan`]: which connections it uses, and, one message at a time, what
+//! An algorithm is a [`Schedule`]: which connections it uses, and, one message at a time, what
 //! each connection carries, when a message may go (a forward waits for the receive it
 //! forwards; a broadcast's receive into a buffer waits for the send that read it), where a
 //! received message lands and what becomes of it (kept as it landed, or reduced into an
 //! output). [`run`] does everything else, once: it opens the connections it lacks and borrows
 //! them in place (nothing to hand back on any exit path), allocates the staging slots and
 //! registers memory, posts within the in-flight window, tests completions in order, checks
-//! lengths, runs reductions in the call's memory [space](crate::space) (host, a device staged
+//! lengths, runs reductions in the call's memory [space](crate::engine::space) (host, a device staged
 //! through pinned twins, or a device the transport moves directly), waits and sleeps without
 //! burning a core, enforces the timeout, and words every error with the peer it names.
 //!
-//! Messages on one connection complete in posting order and both ends walk the same plan,
+//! Messages on one connection complete in posting order and both ends walk the same schedule,
 //! so every receive is posted for exactly the message that will fill it; the per-call tag
 //! catches ranks that disagree.
 
+pub(crate) mod data;
 mod exec;
 mod links;
+pub mod space;
+pub(crate) mod workspace;
 
 use smallvec::SmallVec;
 
-pub(crate) use exec::{run, Scratch};
+pub(crate) use exec::run;
 
 /// Which way a connection carries data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +32,7 @@ pub(crate) enum Dir {
     Recv,
 }
 
-/// One connection a plan uses. The executor opens every send connection before any receive
+/// One connection a schedule uses. The executor opens every send connection before any receive
 /// connection (connecting never waits for the peer, accepting waits for the peer's connect,
 /// which every peer makes in its own send phase), so ranks cannot wait on each other in a
 /// cycle while they set up.
@@ -40,16 +43,16 @@ pub(crate) struct Link {
     pub dir: Dir,
     /// Messages this connection carries in the call.
     pub messages: usize,
-    /// The pool of staging slots its receives may land in (slots of the plan's
-    /// [`Plan::slot_elems`] each): a pool has as many slots as the in-flight window, or as
-    /// its connections have messages if fewer. Connections share a pool only when the plan
+    /// The pool of staging slots its receives may land in (slots of the schedule's
+    /// [`Schedule::slot_elems`] each): a pool has as many slots as the in-flight window, or as
+    /// its connections have messages if fewer. Connections share a pool only when the schedule
     /// never has their receives in flight together.
     pub staged: Option<u8>,
     /// Added to error and timeout messages after the call's tag (", tree 1").
     pub label: &'static str,
 }
 
-/// What a posted receive carries back to the plan: two indices of its choosing (a ring's
+/// What a posted receive carries back to the schedule: two indices of its choosing (a ring's
 /// step and segment, a tree's chunk).
 pub(crate) type Key = (usize, usize);
 
@@ -68,7 +71,7 @@ pub(crate) struct Out<T> {
 pub(crate) struct In<T> {
     pub into: Option<*mut T>,
     pub len: usize,
-    /// Handed back with [`Plan::arrived`] and [`Plan::processed`].
+    /// Handed back with [`Schedule::arrived`] and [`Schedule::processed`].
     pub key: Key,
 }
 
@@ -93,7 +96,7 @@ pub(crate) enum Arrival<T> {
 }
 
 /// How far each connection has got: messages completed (sends) or received and processed
-/// (receives), indexed like [`Plan::links`].
+/// (receives), indexed like [`Schedule::links`].
 pub(crate) struct Progress<'a> {
     done: &'a [usize],
 }
@@ -108,7 +111,7 @@ impl Progress<'_> {
 pub(crate) type Regions<T> = SmallVec<[(*const T, usize); 4]>;
 
 /// An algorithm as data and a few callbacks; see the module documentation.
-pub(crate) trait Plan<T> {
+pub(crate) trait Schedule<T> {
     /// The collective's name, for messages.
     fn name(&self) -> &'static str;
     fn links(&self) -> &[Link];
@@ -116,7 +119,7 @@ pub(crate) trait Plan<T> {
     fn slot_elems(&self) -> usize;
     fn regions(&self) -> Regions<T>;
     /// The next message on send connection `link`, or `None` while it must wait. Called in
-    /// message order; a `Some` is the plan's promise that the memory stays as it is until the
+    /// message order; a `Some` is the schedule's promise that the memory stays as it is until the
     /// send completes.
     fn next_send(&mut self, link: usize, at: &Progress) -> Option<Out<T>>;
     /// The next receive on connection `link`, or `None` while its target is still being

@@ -3,7 +3,7 @@
 
 use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
-    all_gather, all_reduce, alltoall, broadcast, gather, hypercube, rd_all_reduce, reduce,
+    all_gather, all_reduce, alltoall, broadcast, doubling_all_reduce, gather, hypercube, reduce,
     reduce_scatter, scatter, sendrecv, tree_all_reduce, CommError, Communicator, Data, DataType,
     ReduceOp,
 };
@@ -22,7 +22,7 @@ pub(crate) enum Kind {
     /// The AllReduce algorithms (their own files test them on host memory; here on a device).
     AllReduce,
     TreeAllReduce,
-    RdAllReduce,
+    DoublingAllReduce,
 }
 
 pub(crate) const KINDS: [Kind; 9] = [
@@ -39,7 +39,11 @@ pub(crate) const KINDS: [Kind; 9] = [
 
 /// Every kind, for the device tests: the AllReduce algorithms too.
 pub(crate) fn device_kinds() -> Vec<Kind> {
-    let all_reduce = [Kind::AllReduce, Kind::TreeAllReduce, Kind::RdAllReduce];
+    let all_reduce = [
+        Kind::AllReduce,
+        Kind::TreeAllReduce,
+        Kind::DoublingAllReduce,
+    ];
     KINDS.iter().copied().chain(all_reduce).collect()
 }
 
@@ -64,7 +68,7 @@ impl Kind {
                 | Kind::Reduce
                 | Kind::AllReduce
                 | Kind::TreeAllReduce
-                | Kind::RdAllReduce
+                | Kind::DoublingAllReduce
         )
     }
 }
@@ -90,7 +94,7 @@ pub(crate) fn layout(c: &Case, r: usize) -> (usize, usize, usize, usize) {
         Kind::ReduceScatter | Kind::Scatter => (n * k, k, 0, r * k),
         Kind::Alltoall => (n * k, n * k, 0, 0),
         Kind::Broadcast | Kind::Reduce | Kind::SendRecv => (k, k, 0, 0),
-        Kind::AllReduce | Kind::TreeAllReduce | Kind::RdAllReduce => (k, k, 0, 0),
+        Kind::AllReduce | Kind::TreeAllReduce | Kind::DoublingAllReduce => (k, k, 0, 0),
     }
 }
 
@@ -174,7 +178,7 @@ pub(crate) fn expected_of(c: &Case, r: usize, inputs: &[Bytes]) -> Bytes {
             }
         }
         Kind::SendRecv => e[..kb].copy_from_slice(&inputs[(r + c.n - 1) % c.n]),
-        Kind::AllReduce | Kind::TreeAllReduce | Kind::RdAllReduce => {
+        Kind::AllReduce | Kind::TreeAllReduce | Kind::DoublingAllReduce => {
             fill_expected(c.dtype, c.op, &mut e[..kb], 42, 0, c.n)
         }
     }
@@ -194,7 +198,7 @@ pub(crate) fn call(comm: &mut Communicator, c: &Case, d: Data<'_>) -> Result<(),
         Kind::HyperCube => hypercube(comm, d, c.count, c.dtype),
         Kind::AllReduce => all_reduce(comm, d, c.count, c.dtype, c.op),
         Kind::TreeAllReduce => tree_all_reduce(comm, d, c.count, c.dtype, c.op),
-        Kind::RdAllReduce => rd_all_reduce(comm, d, c.count, c.dtype, c.op),
+        Kind::DoublingAllReduce => doubling_all_reduce(comm, d, c.count, c.dtype, c.op),
     }
 }
 

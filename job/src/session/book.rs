@@ -2,15 +2,15 @@
 //! peer is first connected to, each checked against this rank's transports.
 
 use crate::error::{Context, Result};
-use busbw_collectives::peers::LookupError;
+use busbw_collectives::link::nodes::NodeMap;
+use busbw_collectives::LookupError;
 use busbw_collectives::{neighbours, PeerBook};
 use busbw_launchers::bootstrap::Directory;
 use busbw_launchers::RankInfo;
 use busbw_transports::multi::{Router, TransportKind};
-use busbw_transports::nodes::NodeMap;
 use busbw_transports::Handle;
 
-pub(super) struct Book {
+pub(super) struct StoreBook {
     directory: Directory,
     /// `None` for `--transport tcp`, which reaches every peer.
     router: Option<Router>,
@@ -37,13 +37,13 @@ pub(super) fn first_peers(nodes: &NodeMap, rank: usize) -> Vec<usize> {
     peers
 }
 
-impl Book {
+impl StoreBook {
     pub(super) fn new(
         directory: Directory,
         router: Option<Router>,
         transport: TransportKind,
-    ) -> Book {
-        Book {
+    ) -> StoreBook {
+        StoreBook {
             directory,
             router,
             transport,
@@ -81,7 +81,7 @@ impl Book {
     }
 }
 
-impl PeerBook for Book {
+impl PeerBook for StoreBook {
     fn size(&self) -> usize {
         self.directory.size()
     }
@@ -132,10 +132,10 @@ mod tests {
         }
         let boot = Bootstrap::new(store, 0, 4, Duration::from_secs(5));
         let me = same_host_only("a", 0);
-        let mut book = Book::new(boot.directory(), Some(me.router()), TransportKind::Shm);
+        let mut book = StoreBook::new(boot.directory(), Some(me.router()), TransportKind::Shm);
         assert_eq!(book.route(1).unwrap(), "inproc");
         assert!(book.handle(1).is_ok());
-        let e = format!("{:#}", book.route(3).unwrap_err());
+        let e = busbw_measure::chain(&book.route(3).unwrap_err());
         assert!(
             e.starts_with("rank 3 cannot be reached with --transport shm: "),
             "{e}"

@@ -3,7 +3,7 @@
 
 use crate::error::{Context, Error, OrSetup, Result};
 use crate::transport::{local_address, multi_transport, tcp_transport, TcpSetup};
-use book::Book;
+use book::StoreBook;
 use busbw_collectives::{CommConfig, Communicator};
 use busbw_launchers::bootstrap::{self, Bootstrap, BootstrapError, Joined, Layout, Record};
 use busbw_launchers::{rendezvous_with, token_digest, RankInfo, Rendezvous, World};
@@ -140,8 +140,10 @@ impl Session {
             Err(e) => {
                 rdv.hurry(LEAVING);
                 let _ = rdv.post_abort(&format!(
-                    "rank {} on {} failed to join: {e:#}",
-                    world.rank, world.hostname
+                    "rank {} on {} failed to join: {}",
+                    world.rank,
+                    world.hostname,
+                    busbw_measure::chain(&e)
                 ));
                 // Check out as a finished rank does: rank 0 serves the store and must not take
                 // it away while the others still read what they need to fail with their own
@@ -162,10 +164,10 @@ impl Session {
         rdv: &Rendezvous,
         plan: &Plan,
         opts: &JoinOptions,
-    ) -> Result<Built> {
+    ) -> Result<JoinedRank> {
         let boot = Bootstrap::new(rdv.store.clone(), world.rank, world.size, plan.timeout);
         let job = agree(world, rdv, &boot, plan, opts)?;
-        let end = End::open(world, plan, opts, job)?;
+        let end = Endpoint::open(world, plan, opts, job)?;
         let peers = exchange(world, &boot, plan, &end)?;
         build(world, rdv, plan, end, peers)
     }
@@ -265,10 +267,10 @@ fn agree(
 }
 
 /// This rank's end of the job: its transports, its listener, and what it tells the others.
-struct End {
+struct Endpoint {
     /// `--transport tcp`'s transport, or the multi-transport of the others (kept unboxed
     /// until the routes are known: it says which member reaches each peer).
-    transport: Transports,
+    transport: RankTransports,
     listener: Box<dyn busbw_transports::Listener>,
     handle: Handle,
     info: RankInfo,
@@ -276,24 +278,24 @@ struct End {
     verbs: Option<String>,
 }
 
-impl End {
+impl Endpoint {
     /// The routing rule of this rank's multi-transport; `None` for TCP alone, which reaches
     /// every peer.
     fn router(&self) -> Option<busbw_transports::multi::Router> {
         match &self.transport {
-            Transports::Multi(m) => Some(m.router()),
-            Transports::Tcp(_) => None,
+            RankTransports::Multi(m) => Some(m.router()),
+            RankTransports::Tcp(_) => None,
         }
     }
 }
 
-enum Transports {
+enum RankTransports {
     Tcp(Box<dyn Transport>),
     Multi(MultiTransport),
 }
 
-impl End {
-    fn open(world: &World, plan: &Plan, opts: &JoinOptions, job: u64) -> Result<End> {
+impl Endpoint {
+    fn open(world: &World, plan: &Plan, opts: &JoinOptions, job: u64) -> Result<Endpoint> {
         let (bind, advertise) = local_address(world, opts.socket_ifname.as_deref())?;
         let tcp = opts.tcp((bind, advertise));
         // Every data connection (the job's, and through the factory the groups') proves the
@@ -313,15 +315,15 @@ impl End {
         let desc = verbs.as_ref().map(|(_, d)| d.clone());
         let transport =
             match multi_transport(plan.transport, identity, tcp, &node, verbs.map(|(m, _)| m))? {
-                Some(m) => Transports::Multi(m),
-                None => Transports::Tcp(tcp_transport(identity, tcp)),
+                Some(m) => RankTransports::Multi(m),
+                None => RankTransports::Tcp(tcp_transport(identity, tcp)),
             };
         let (handle, listener) = match &transport {
-            Transports::Tcp(t) => t.listen(),
-            Transports::Multi(m) => m.listen(),
+            RankTransports::Tcp(t) => t.listen(),
+            RankTransports::Multi(m) => m.listen(),
         }
         .context("opening the data listener")?;
-        Ok(End {
+        Ok(Endpoint {
             transport,
             listener,
             handle,
@@ -337,10 +339,10 @@ impl End {
 }
 
 /// What a rank learns of the others.
-struct Peers {
+struct PeerRecords {
     layout: Layout,
     /// The peers' records: those of the first peers, and every rank's on rank 0.
-    book: Book,
+    book: StoreBook,
     /// Rank 0 only: the transports each rank reaches its peers with (`shm+tcp`), for the
     /// device lines.
     routes: Option<Vec<String>>,
@@ -350,7 +352,7 @@ struct Peers {
 /// Exchange through the store: publish this rank's record, learn the node map (the tree
 /// chains the ranks of a node, so all must agree on it), fetch the first peers' records
 /// and check that this rank's transports reach them, and tell rank 0 which ones it uses.
-fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &End) -> Result<Peers> {
+fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &Endpoint) -> Result<PeerRecords> {
     let record = Record {
         info: end.info.clone(),
         handle: end.handle.clone(),
@@ -358,7 +360,7 @@ fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &End) -> Result<P
     let Joined { layout, directory } = boot
         .join(&record)
         .context("waiting for every rank's connection handle")?;
-    let mut book = Book::new(directory, end.router(), plan.transport);
+    let mut book = StoreBook::new(directory, end.router(), plan.transport);
     let first = book::first_peers(&layout.nodes, world.rank);
     book.prefetch(&first)?;
     let mut hosts = HashMap::from([(world.rank, world.hostname.clone())]);
@@ -382,7 +384,7 @@ fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &End) -> Result<P
             .map(|r| String::from_utf8_lossy(&r).into_owned())
             .collect()
     });
-    Ok(Peers {
+    Ok(PeerRecords {
         layout,
         book,
         routes,
@@ -392,14 +394,20 @@ fn exchange(world: &World, boot: &Bootstrap, plan: &Plan, end: &End) -> Result<P
 
 /// What joining builds: the communicator, connected around the ring, the abort its waits
 /// watch, rank 0's device lines and the hosts of the peers this rank looked up.
-struct Built {
+struct JoinedRank {
     comm: Communicator,
     abort: Abort,
     devices: Vec<DeviceInfo>,
     hosts: HashMap<usize, String>,
 }
 
-fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -> Result<Built> {
+fn build(
+    world: &World,
+    rdv: &Rendezvous,
+    plan: &Plan,
+    end: Endpoint,
+    peers: PeerRecords,
+) -> Result<JoinedRank> {
     let rank = world.rank;
     let mut devices = Vec::new();
     for (r, via) in peers.routes.iter().flatten().enumerate() {
@@ -415,8 +423,8 @@ fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -
     // Ranks that share this machine's cores decide how a waiting rank may use its core.
     let local_ranks = peers.layout.local_ranks(rank);
     let transport: Box<dyn Transport> = match end.transport {
-        Transports::Multi(m) => Box::new(m),
-        Transports::Tcp(t) => t,
+        RankTransports::Multi(m) => Box::new(m),
+        RankTransports::Tcp(t) => t,
     };
     let mut comm = Communicator::new(
         transport,
@@ -425,8 +433,8 @@ fn build(world: &World, rdv: &Rendezvous, plan: &Plan, end: End, peers: Peers) -
         comm_config(plan, &abort, local_ranks),
     )?;
     comm.set_node_map(peers.layout.nodes)?;
-    comm.connect_ring()?;
-    Ok(Built {
+    busbw_collectives::connect_ring(&mut comm)?;
+    Ok(JoinedRank {
         comm,
         abort,
         devices,
@@ -452,7 +460,7 @@ fn comm_config(plan: &Plan, abort: &Abort, local_ranks: usize) -> CommConfig {
         abort: abort.clone(),
         // Local ranks that talk through shared memory may as well map each other's buffers;
         // `--transport tcp` (or verbs) between local ranks asks for that transport measured.
-        direct: matches!(plan.transport, TransportKind::Shm | TransportKind::Auto),
+        map_peers: matches!(plan.transport, TransportKind::Shm | TransportKind::Auto),
         ..CommConfig::default()
     }
     .for_cores(local_ranks, cores)

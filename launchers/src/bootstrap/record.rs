@@ -1,7 +1,7 @@
 //! The values of the bootstrap's store keys, each written in one place and read in one.
 
 use crate::rank_info::RankInfo;
-use busbw_transports::nodes::{NodeMap, NodeMapError};
+use busbw_collectives::link::nodes::{NodeMap, NodeMapError};
 use busbw_transports::Handle;
 use serde::{Deserialize, Serialize};
 

@@ -1,8 +1,8 @@
 use super::*;
 use crate::store::MemoryStore;
+use busbw_collectives::link::nodes::NodeMap;
 use busbw_collectives::neighbours;
 use busbw_transports::multi::NodeId;
-use busbw_transports::nodes::NodeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const T: Duration = Duration::from_secs(20);

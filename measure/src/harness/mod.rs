@@ -24,7 +24,7 @@ use crate::error::{Context, Error, Result};
 use crate::plan::Plan;
 use crate::specs::{DataCtx, Redop};
 use buffers::{alloc, Buffers, Memory};
-use busbw_collectives::algo::{calibrate, Algo, CostModel};
+use busbw_collectives::select::{calibrate, Algo, CostModel};
 use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, ReduceOp};
 use busbw_reports::{Cell, CellDetail, Measured, MemoryUsage, Row, Sink};
 use cell::{cell, checks, timing};
@@ -120,25 +120,25 @@ pub fn run_with(
     // The calibration timed host buffers; device data runs the ring where the direct
     // AllReduce was measured, so the choice (and the algo column) must not offer it.
     if let (Some(m), true) = (model.as_mut(), dev.is_some()) {
-        let direct = busbw_collectives::algo::PROBED
+        let direct = busbw_collectives::select::PROBED
             .iter()
             .position(|&a| a == Algo::Direct);
         if let (Some(t), Some(d)) = (m.measured.as_mut(), direct) {
             t.secs[d] = [f64::INFINITY; 4];
         }
     }
-    let direct_before = busbw_collectives::direct::tally(comm);
+    let direct_before = busbw_collectives::algorithms::direct::tally(comm);
 
     for &dtype in &plan.dtypes {
         for &op in &plan.ops {
             for &root in &roots {
-                let c = Combo {
+                let c = Series {
                     dtype,
                     op,
                     root,
                     model,
                 };
-                let mut st = State {
+                let mut st = SweepState {
                     bufs: &mut bufs,
                     dev: dev.as_deref_mut(),
                     seed: &mut seed,
@@ -150,7 +150,7 @@ pub fn run_with(
         }
     }
     // Say so where the direct AllReduce that was asked for (or chosen) ran the ring.
-    let (ran, fell_back, why) = busbw_collectives::direct::tally(comm);
+    let (ran, fell_back, why) = busbw_collectives::algorithms::direct::tally(comm);
     let fell_back = fell_back - direct_before.1;
     if let (Some(sink), true, Some(why)) = (sink, fell_back > 0, why) {
         sink.comment(&format!(
@@ -168,7 +168,7 @@ pub fn run_with(
 
 /// What one sweep runs.
 #[derive(Clone, Copy)]
-struct Combo {
+struct Series {
     dtype: DataType,
     op: ReduceOp,
     root: usize,
@@ -176,7 +176,7 @@ struct Combo {
 }
 
 /// What a sweep works on and accumulates into.
-struct State<'a> {
+struct SweepState<'a> {
     bufs: &'a mut Buffers,
     dev: Option<&'a mut DeviceMem>,
     seed: &'a mut u64,
@@ -186,7 +186,7 @@ struct State<'a> {
 }
 
 /// Where a rank's data lives: the device's buffers under `-g`, else the host's (the fields
-/// of a [`State`], apart so that its other fields stay borrowable).
+/// of a [`SweepState`], apart so that its other fields stay borrowable).
 fn memory<'m>(dev: &'m mut Option<&mut DeviceMem>, bufs: &'m mut Buffers) -> &'m mut dyn Memory {
     match dev.as_deref_mut() {
         Some(d) => d,
@@ -198,13 +198,13 @@ fn memory<'m>(dev: &'m mut Option<&mut DeviceMem>, bufs: &'m mut Buffers) -> &'m
 fn sweep(
     comm: &mut Communicator,
     plan: &Plan,
-    st: &mut State,
-    Combo {
+    st: &mut SweepState,
+    Series {
         dtype,
         op,
         root,
         model,
-    }: Combo,
+    }: Series,
     sink: &mut Option<&mut dyn Sink>,
 ) -> Result<()> {
     let spec = plan.spec;
@@ -312,7 +312,7 @@ fn bench(
     comm: &mut Communicator,
     plan: &Plan,
     ctx: &DataCtx,
-    st: &mut State,
+    st: &mut SweepState,
 ) -> Result<(Cell, CellDetail)> {
     let mem = memory(&mut st.dev, st.bufs);
     let spec = plan.spec;

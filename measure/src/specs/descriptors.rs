@@ -86,7 +86,7 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
     checks_in_place: true,
     run: |comm, send, recv, space, ctx| {
         let d = data(ctx, send, recv, space);
-        coll::algo::all_reduce_with(
+        coll::select::all_reduce_with(
             comm,
             d,
             ctx.counts.count,

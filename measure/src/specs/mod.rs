@@ -6,7 +6,7 @@ pub mod alltoallv;
 mod data;
 mod descriptors;
 
-use busbw_collectives::algo::{Algo, CostModel};
+use busbw_collectives::select::{Algo, CostModel};
 use busbw_collectives::verifiable::{fill_expected, fill_input};
 use busbw_collectives::{CommError, Communicator, Data, DataType, MemorySpace, ReduceOp};
 use std::ops::Range;

@@ -1,6 +1,6 @@
 //! A call's resolved space and what it means for each message.
 //!
-//! Plans hand out host addresses (a device's page-locked twins when the data is on a
+//! Schedules hand out host addresses (a device's page-locked twins when the data is on a
 //! device); the space decides what each message costs beyond the transport: nothing on the
 //! host, copies between device and twin on a staged device, address translation on a device
 //! the transport moves itself (GPUDirect RDMA). Reductions run where the data is.
@@ -18,7 +18,7 @@ pub(crate) enum Space<'d> {
     /// A device whose twins the transport moves: own input is fetched before it is sent,
     /// reductions run on the device (and come back only to travel on), landed data goes up.
     Staged(&'d mut dyn Offload),
-    /// A device whose memory the transport moves: plans' twin addresses stand for their
+    /// A device whose memory the transport moves: schedules' twin addresses stand for their
     /// device twins, reductions run on device addresses, nothing is copied.
     Direct(&'d mut dyn Offload, Vec<Mirror>),
 }

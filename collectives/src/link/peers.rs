@@ -7,13 +7,9 @@
 //! peer; the book may hold them all (a list exchanged beforehand, what tests and
 //! sub-communicators use) or fetch them on demand from the rendezvous store (the job's).
 
-use busbw_transports::nodes::NodeMap;
 use busbw_transports::Handle;
 
-/// Why a peer's handle could not be had, in the book's own words (it never registered, it
-/// cannot be reached with this rank's transports): the communicator adds which rank asked
-/// and for whom.
-pub type LookupError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::LookupError;
 
 /// Every peer's connection handle, looked up when first needed.
 pub trait PeerBook: Send {
@@ -38,50 +34,9 @@ impl PeerBook for Vec<Handle> {
     }
 }
 
-/// The peers a rank connects to for the ring (its two neighbours) and both trees (parents
-/// and children), ascending, without the rank itself: what a rank should have looked up
-/// before its first collective, and all that most jobs ever look up.
-pub fn neighbours(nodes: &NodeMap, rank: usize) -> Vec<usize> {
-    let n = nodes.len();
-    if n < 2 || rank >= n {
-        return Vec::new();
-    }
-    let mut peers = vec![(rank + 1) % n, (rank + n - 1) % n];
-    for t in crate::tree::rank_trees_in(nodes, rank) {
-        peers.extend(t.parent);
-        peers.extend(t.children);
-    }
-    peers.sort_unstable();
-    peers.dedup();
-    peers.retain(|&p| p != rank);
-    peers
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn neighbours_are_the_ring_and_the_trees() {
-        // 16 ranks, 4 per node: rank 5 is second on node 1; its chain neighbours are 4 and 6
-        // (tree 0) and the same in reverse (tree 1); the ring adds nothing new.
-        let map = NodeMap::uniform(16, 4);
-        assert_eq!(neighbours(&map, 5), vec![4, 6]);
-        // Rank 0 heads node 0 in tree 0 (root, child node 2's head 8) and is the chain's
-        // tail in tree 1; the ring adds 15.
-        let n0 = neighbours(&map, 0);
-        assert!(
-            n0.contains(&1) && n0.contains(&15) && n0.contains(&8),
-            "{n0:?}"
-        );
-        // Every rank's list is short whatever the job's size.
-        let big = NodeMap::uniform(32768, 8);
-        assert!((0..32768)
-            .step_by(97)
-            .all(|r| neighbours(&big, r).len() <= 8));
-        assert!(neighbours(&NodeMap::uniform(1, 1), 0).is_empty());
-        assert_eq!(neighbours(&NodeMap::uniform(2, 2), 1), vec![0]);
-    }
 
     /// A book that cannot say how to reach rank 2.
     struct Partial(Vec<Handle>);

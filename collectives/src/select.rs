@@ -10,15 +10,15 @@
 //! the tree waits forever), so the measured model is combined across ranks before anyone uses
 //! it: every rank holds the very same bits and [`CostModel::choose`] is a pure function of them.
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, Data};
-use crate::direct::direct_all_reduce;
+use crate::algorithms::direct::direct_all_reduce;
+use crate::algorithms::doubling::all_reduce_values;
+use crate::algorithms::doubling::{doubling_all_reduce, doubling_hops};
+use crate::algorithms::ring::all_reduce;
+use crate::algorithms::tree::{node_tree_depth, tree_all_reduce};
 use crate::dtype::{DataType, ParseNameError, ReduceOp};
+use crate::engine::data::{bytes_of, Data};
 use crate::error::CommError;
-use crate::rd::all_reduce_values;
-use crate::rd::{rd_all_reduce, rd_hops};
-use crate::ring::all_reduce;
-use crate::tree::{node_tree_depth, tree_all_reduce};
+use crate::link::Communicator;
 use crate::HostBuffer;
 use std::fmt;
 use std::str::FromStr;
@@ -29,22 +29,28 @@ use std::time::Instant;
 pub enum Algo {
     Ring,
     Tree,
-    /// Recursive doubling ([`crate::rd`]), MPI's short-message AllReduce.
-    Rd,
-    /// Ranks of one host reading and writing each other's buffers ([`crate::direct`]); the
+    /// Recursive doubling ([`crate::algorithms::doubling`]), MPI's short-message AllReduce.
+    Doubling,
+    /// Ranks of one host reading and writing each other's buffers ([`crate::algorithms::direct`]); the
     /// ring where that cannot be.
     Direct,
     Auto,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 5] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct, Algo::Auto];
+    pub const ALL: [Algo; 5] = [
+        Algo::Ring,
+        Algo::Tree,
+        Algo::Doubling,
+        Algo::Direct,
+        Algo::Auto,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::Tree => "tree",
-            Algo::Rd => "rd",
+            Algo::Doubling => "rd",
             Algo::Direct => "direct",
             Algo::Auto => "auto",
         }
@@ -64,7 +70,7 @@ impl FromStr for Algo {
         match s.trim().to_ascii_lowercase().as_str() {
             "ring" => Ok(Algo::Ring),
             "tree" => Ok(Algo::Tree),
-            "rd" | "recursive-doubling" | "recursive_doubling" => Ok(Algo::Rd),
+            "rd" | "recursive-doubling" | "recursive_doubling" => Ok(Algo::Doubling),
             "direct" => Ok(Algo::Direct),
             "auto" => Ok(Algo::Auto),
             _ => Err(ParseNameError {
@@ -93,7 +99,7 @@ pub const NCCL_TREE_BW_FACTOR: f64 = 2.0 / 0.92;
 pub const RING_MARGIN: f64 = 0.1;
 
 /// The algorithms [`calibrate`] times, in [`Measured::secs`]' order.
-pub const PROBED: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct];
+pub const PROBED: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Doubling, Algo::Direct];
 
 /// Every probed algorithm timed at a few sizes on this job: what [`CostModel::choose`] goes
 /// by when present, instead of the hop formulas of [`CostModel::predict`], which assume that
@@ -196,8 +202,8 @@ impl CostModel {
             Algo::Tree => {
                 2.0 * tree_depth(nranks) as f64 * alpha + self.tree_bw_factor.max(0.0) * b / beta
             }
-            Algo::Rd => {
-                let hops = rd_hops(nranks) as f64;
+            Algo::Doubling => {
+                let hops = doubling_hops(nranks) as f64;
                 hops * alpha + hops * b / beta
             }
             // Whether it can run at all depends on the job's memory, which only a
@@ -227,7 +233,7 @@ impl CostModel {
         };
         let ring = time(Algo::Ring);
         let mut best = (Algo::Ring, ring);
-        for a in [Algo::Tree, Algo::Rd, Algo::Direct] {
+        for a in [Algo::Tree, Algo::Doubling, Algo::Direct] {
             let t = time(a);
             if t < ring * (1.0 - RING_MARGIN) && t < best.1 {
                 best = (a, t);
@@ -369,7 +375,7 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
         while rep <= reps {
             for k in 0..PROBED.len() {
                 let a = (k + rep) % PROBED.len();
-                if PROBED[a] == Algo::Direct && !crate::direct::applicable(comm) {
+                if PROBED[a] == Algo::Direct && !crate::algorithms::direct::applicable(comm) {
                     if rep > 0 {
                         samples[a * probes.len() + p].push(f64::INFINITY);
                     }
@@ -455,7 +461,7 @@ pub fn all_reduce_with(
     };
     match chosen {
         Algo::Tree => tree_all_reduce(comm, data, count, dtype, op)?,
-        Algo::Rd => rd_all_reduce(comm, data, count, dtype, op)?,
+        Algo::Doubling => doubling_all_reduce(comm, data, count, dtype, op)?,
         Algo::Direct => {
             if !direct_all_reduce(comm, data, count, dtype, op)? {
                 return Ok(Algo::Ring);
@@ -516,7 +522,7 @@ mod tests {
         assert!(m.predict(Algo::Tree, 8, 8) < m.predict(Algo::Ring, 8, 8));
         assert_eq!(
             m.choose(8, 8),
-            Algo::Rd,
+            Algo::Doubling,
             "fewest hops wins the shortest messages"
         );
         assert_eq!(m.choose(256 << 20, 8), Algo::Ring);
@@ -536,12 +542,12 @@ mod tests {
         for a in [Algo::Ring, Algo::Tree] {
             assert!(m.predict(a, 1 << 20, 8) < m.predict(a, 2 << 20, 8));
         }
-        assert_eq!(m.predict(Algo::Auto, 8, 8), m.predict(Algo::Rd, 8, 8));
+        assert_eq!(m.predict(Algo::Auto, 8, 8), m.predict(Algo::Doubling, 8, 8));
         // Recursive doubling on 8 ranks: 3 hops, each moving the whole buffer.
-        assert!((m.predict(Algo::Rd, 0, 8) - 3.0 * 20e-6).abs() < 1e-12);
+        assert!((m.predict(Algo::Doubling, 0, 8) - 3.0 * 20e-6).abs() < 1e-12);
         let b = 1e6;
         let want = 3.0 * 20e-6 + 3.0 * b / 2e9;
-        assert!((m.predict(Algo::Rd, b as usize, 8) - want).abs() < 1e-12);
+        assert!((m.predict(Algo::Doubling, b as usize, 8) - want).abs() < 1e-12);
     }
 
     #[test]
@@ -593,7 +599,7 @@ mod tests {
             }),
             ..CostModel::new(20.0, 2.0)
         };
-        assert_eq!(CostModel::new(20.0, 2.0).choose(8, 2), Algo::Rd);
+        assert_eq!(CostModel::new(20.0, 2.0).choose(8, 2), Algo::Doubling);
         assert_eq!(m.choose(8, 2), Algo::Ring);
         assert_eq!(
             m.choose(16 << 10, 2),

@@ -20,16 +20,16 @@
 //! fill it; the per-call tag catches ranks that disagree. Received segments that must be
 //! reduced land in a ring of `window` staging slots; the others land in place.
 
-use crate::communicator::Communicator;
-pub use crate::data::Data;
-use crate::data::{bytes_of, pipeline_segment};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
+pub use crate::engine::data::Data;
+use crate::engine::data::{bytes_of, pipeline_segment};
+use crate::engine::space::MemorySpace;
+use crate::engine::workspace::{premultiplied, scratch};
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Progress, Regions, Schedule};
 use crate::error::CommError;
-use crate::space::MemorySpace;
+use crate::link::Communicator;
 use crate::with_dtype;
-use crate::workspace::{premultiplied, scratch};
 
 /// AllReduce `count` elements of `dtype` with `op` across the communicator, leaving the
 /// result on every rank.
@@ -135,7 +135,7 @@ impl Chunks {
 
 /// What a ring does at each step and where its data lives. Pointers are to the element at
 /// global offset `off` (the chunk layout is the same on every rank).
-pub(crate) trait RingPlan<T> {
+pub(crate) trait RingSchedule<T> {
     fn steps(&self) -> usize;
     fn send_chunk(&self, t: usize) -> usize;
     fn recv_chunk(&self, t: usize) -> usize;
@@ -161,7 +161,7 @@ pub(crate) trait RingPlan<T> {
     fn releases_send(&self, t: usize) -> bool;
 }
 
-/// The ring-neighbour half of a [`RingPlan`] for plans that go round the whole ring.
+/// The ring-neighbour half of a [`RingSchedule`] for schedules that go round the whole ring.
 macro_rules! ring_neighbours {
     () => {
         fn left(&self) -> Option<usize> {
@@ -203,11 +203,11 @@ impl Cursor {
     }
 }
 
-/// A [`RingPlan`] as the engine runs it: messages in (step, segment) order on the one
+/// A [`RingSchedule`] as the engine runs it: messages in (step, segment) order on the one
 /// connection each way; the first `initial` sends read our own input, each later one
 /// forwards the segment a processed receive completed.
 struct RingRun<'p, T, P> {
-    plan: &'p P,
+    schedule: &'p P,
     ch: Chunks,
     n: usize,
     op: ReduceOp,
@@ -221,7 +221,7 @@ struct RingRun<'p, T, P> {
     _t: std::marker::PhantomData<T>,
 }
 
-impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
+impl<T, P: RingSchedule<T>> Schedule<T> for RingRun<'_, T, P> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -232,10 +232,10 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
         self.ch.seg
     }
     fn regions(&self) -> Regions<T> {
-        self.plan.regions()
+        self.schedule.regions()
     }
     fn next_send(&mut self, _link: usize, _at: &Progress) -> Option<Out<T>> {
-        let (p, ch, steps) = (self.plan, &self.ch, self.plan.steps());
+        let (p, ch, steps) = (self.schedule, &self.ch, self.schedule.steps());
         if self.sent >= self.initial + self.released || self.send_cur.t >= steps {
             return None;
         }
@@ -251,7 +251,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
         })
     }
     fn next_recv(&mut self, _link: usize, _at: &Progress) -> Option<In<T>> {
-        let (p, ch, steps) = (self.plan, &self.ch, self.plan.steps());
+        let (p, ch, steps) = (self.schedule, &self.ch, self.schedule.steps());
         let (t, k) = (self.recv_cur.t, self.recv_cur.k);
         let (off, len) = ch.segment(p.recv_chunk(t), k);
         self.recv_cur.advance(|t| p.recv_chunk(t), ch, steps);
@@ -263,7 +263,7 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
         })
     }
     fn arrived(&mut self, _link: usize, (t, k): Key) -> Arrival<T> {
-        let p = self.plan;
+        let p = self.schedule;
         if !p.reduces(t) {
             return Arrival::Landed;
         }
@@ -277,65 +277,65 @@ impl<T, P: RingPlan<T>> Plan<T> for RingRun<'_, T, P> {
         }
     }
     fn processed(&mut self, _link: usize, (t, _): Key) {
-        if self.plan.releases_send(t) {
+        if self.schedule.releases_send(t) {
             self.released += 1;
         }
     }
 }
 
-/// Run a ring (or chain) plan to completion on `channel`.
+/// Run a ring (or chain) schedule to completion on `channel`.
 ///
 /// # Safety
-/// Every pointer the plan hands out must be valid for the segment it describes, and the plan
+/// Every pointer the schedule hands out must be valid for the segment it describes, and the schedule
 /// must not make two in-flight requests write the same memory.
-pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
+pub(crate) unsafe fn run_ring<T: Element, P: RingSchedule<T>>(
     comm: &mut Communicator,
     space: &mut MemorySpace,
-    plan: &P,
+    schedule: &P,
     ch: &Chunks,
     op: ReduceOp,
     channel: u32,
     name: &'static str,
 ) -> Result<(), CommError> {
-    let steps = plan.steps();
+    let steps = schedule.steps();
     let total = |chunk_of: &dyn Fn(usize) -> usize| -> usize {
         (0..steps).map(|t| ch.segments(chunk_of(t))).sum()
     };
     let mut links = smallvec::SmallVec::new();
-    if let Some(peer) = plan.right() {
+    if let Some(peer) = schedule.right() {
         links.push(Link {
             peer,
             channel,
             dir: Dir::Send,
-            messages: total(&|t| plan.send_chunk(t)),
+            messages: total(&|t| schedule.send_chunk(t)),
             staged: None,
             label: "",
         });
     }
-    if let Some(peer) = plan.left() {
+    if let Some(peer) = schedule.left() {
         links.push(Link {
             peer,
             channel,
             dir: Dir::Recv,
-            messages: total(&|t| plan.recv_chunk(t)),
+            messages: total(&|t| schedule.recv_chunk(t)),
             staged: Some(0),
             label: "",
         });
     }
-    let initial = if steps > 0 && plan.right().is_some() {
-        plan.initially_ready(ch)
+    let initial = if steps > 0 && schedule.right().is_some() {
+        schedule.initially_ready(ch)
     } else {
         0
     };
     let mut run = RingRun {
-        plan,
+        schedule,
         ch: *ch,
         n: comm.size(),
         op,
         name,
         links,
-        send_cur: Cursor::start(|t| plan.send_chunk(t), ch, steps),
-        recv_cur: Cursor::start(|t| plan.recv_chunk(t), ch, steps),
+        send_cur: Cursor::start(|t| schedule.send_chunk(t), ch, steps),
+        recv_cur: Cursor::start(|t| schedule.recv_chunk(t), ch, steps),
         initial,
         sent: 0,
         released: 0,
@@ -344,7 +344,7 @@ pub(crate) unsafe fn run_ring<T: Element, P: RingPlan<T>>(
     engine::run(comm, &mut run, op, space)
 }
 
-struct AllReducePlan<T> {
+struct AllReduceSchedule<T> {
     n: usize,
     r: usize,
     src: *const T,
@@ -352,7 +352,7 @@ struct AllReducePlan<T> {
     count: usize,
 }
 
-impl<T> RingPlan<T> for AllReducePlan<T> {
+impl<T> RingSchedule<T> for AllReduceSchedule<T> {
     ring_neighbours!();
     fn steps(&self) -> usize {
         2 * (self.n - 1)
@@ -425,17 +425,17 @@ pub(crate) unsafe fn all_reduce_raw<T: Element>(
         rem: count % n,
         seg: pipeline_segment::<T>(comm, count.div_ceil(n)),
     };
-    let plan = AllReducePlan {
+    let schedule = AllReduceSchedule {
         n,
         r: comm.rank(),
         src,
         dst,
         count,
     };
-    run_ring(comm, space, &plan, &ch, op, 0, "all_reduce")
+    run_ring(comm, space, &schedule, &ch, op, 0, "all_reduce")
 }
 
-struct ReduceScatterPlan<T> {
+struct ReduceScatterSchedule<T> {
     n: usize,
     r: usize,
     rc: usize,
@@ -445,7 +445,7 @@ struct ReduceScatterPlan<T> {
     acc: *mut T,
 }
 
-impl<T> RingPlan<T> for ReduceScatterPlan<T> {
+impl<T> RingSchedule<T> for ReduceScatterSchedule<T> {
     ring_neighbours!();
     fn steps(&self) -> usize {
         self.n - 1
@@ -524,7 +524,7 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, rc),
     };
-    let plan = ReduceScatterPlan {
+    let schedule = ReduceScatterSchedule {
         n,
         r,
         rc,
@@ -532,17 +532,17 @@ pub(crate) unsafe fn reduce_scatter_raw<T: Element>(
         dst,
         acc,
     };
-    run_ring(comm, space, &plan, &ch, op, 0, "reduce_scatter")
+    run_ring(comm, space, &schedule, &ch, op, 0, "reduce_scatter")
 }
 
-struct AllGatherPlan<T> {
+struct AllGatherSchedule<T> {
     n: usize,
     r: usize,
     sc: usize,
     dst: *mut T,
 }
 
-impl<T> RingPlan<T> for AllGatherPlan<T> {
+impl<T> RingSchedule<T> for AllGatherSchedule<T> {
     ring_neighbours!();
     fn steps(&self) -> usize {
         self.n - 1
@@ -599,6 +599,6 @@ pub(crate) unsafe fn all_gather_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, sc),
     };
-    let plan = AllGatherPlan { n, r, sc, dst };
-    run_ring(comm, space, &plan, &ch, ReduceOp::Sum, 0, "all_gather")
+    let schedule = AllGatherSchedule { n, r, sc, dst };
+    run_ring(comm, space, &schedule, &ch, ReduceOp::Sum, 0, "all_gather")
 }

@@ -16,17 +16,17 @@
 //! - local copies, scratch and `mulsum`'s premultiplied input are made where the data is.
 //!
 //! Peers' buffers mapped into this process are not one more space: the direct AllReduce
-//! ([`crate::direct`]) reads and writes them itself, because owning a slice of every rank's
+//! ([`crate::algorithms::direct`]) reads and writes them itself, because owning a slice of every rank's
 //! output changes what moves, not where one message lands.
 
 mod call;
 
 pub(crate) use call::{Failed, Space};
 
-use crate::communicator::Communicator;
-use crate::data::{Data, Regs};
 use crate::dtype::DataType;
+use crate::engine::data::{Data, Regs};
 use crate::error::CommError;
+use crate::link::Communicator;
 use crate::offload::{device_of, Mirror, Offload, OffloadError};
 use busbw_transports::MemRegion;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 use crate::dtype::{DataType, ReduceOp};
 
 /// The shared body of every module.
-pub const PRELUDE: &str = include_str!("kernels.cu");
+pub const PRELUDE: &str = include_str!("../kernels.cu");
 
 /// Options for NVRTC. `--fmad=false`: a fused multiply-add rounds once where the host rounds
 /// twice, and the expected output must be the host's bits.

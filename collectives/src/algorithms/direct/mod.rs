@@ -22,13 +22,13 @@
 mod mailbox;
 pub(crate) mod window;
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, Data};
+use crate::algorithms::grouped::{exchange, Xfer};
+use crate::algorithms::ring;
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{self, Element};
+use crate::engine::data::{bytes_of, Data};
 use crate::error::CommError;
-use crate::p2p::{exchange, Xfer};
-use crate::ring;
+use crate::link::Communicator;
 use crate::with_dtype;
 use smallvec::SmallVec;
 use window::{Key, Windows};
@@ -120,15 +120,15 @@ impl Fallback {
 /// How a communicator's direct AllReduce calls ran: (direct, ring instead, why the last
 /// one ran the ring).
 pub fn tally(comm: &Communicator) -> (u64, u64, Option<Fallback>) {
-    let d = &comm.direct;
-    (d.ran, d.fell_back, d.why)
+    comm.peek::<Direct>()
+        .map_or((0, 0, None), |d| (d.ran, d.fell_back, d.why))
 }
 
 /// Whether the direct AllReduce can run on `comm` at all: allowed by its configuration
 /// (the job moves local data through shared memory), at least two ranks, all on one host.
 /// Every rank computes the same answer.
 pub fn applicable(comm: &Communicator) -> bool {
-    comm.config().direct && comm.size() >= 2 && comm.node_map().node_count() == 1
+    comm.config().map_peers && comm.size() >= 2 && comm.node_map().node_count() == 1
 }
 
 /// AllReduce by reading and writing peers' buffers in place; same contract as
@@ -149,8 +149,9 @@ pub fn direct_all_reduce(
         None
     };
     if let Some(why) = why {
-        comm.direct.fell_back += 1;
-        comm.direct.why = Some(why);
+        let d = comm.kept::<Direct>();
+        d.fell_back += 1;
+        d.why = Some(why);
         return ring::all_reduce(comm, data, count, dtype, op).map(|()| false);
     }
     let bytes = bytes_of(count, dtype)?;
@@ -162,7 +163,7 @@ pub fn direct_all_reduce(
         dtype,
         (0, 0),
     )?;
-    let mut st = std::mem::take(&mut comm.direct);
+    let mut st = std::mem::take(comm.kept::<Direct>());
     // Small calls through the mailboxes where they could be set up, else the mapped buffers.
     let r = (|| {
         if bytes <= mailbox::MAX_BYTES && small(comm, &mut st, b.src, b.dst, count, dtype, op)? {
@@ -173,15 +174,16 @@ pub fn direct_all_reduce(
             unsafe { run::<T>(comm, &mut st, b.src as *const T, b.dst as *mut T, count, op) }
         })
     })();
-    comm.direct = st;
+    let d = comm.kept::<Direct>();
+    *d = st;
     match r? {
         None => {
-            comm.direct.ran += 1;
+            d.ran += 1;
             return Ok(true);
         }
         Some(why) => {
-            comm.direct.fell_back += 1;
-            comm.direct.why = Some(why);
+            d.fell_back += 1;
+            d.why = Some(why);
         }
     }
     // SAFETY: the very buffers `data` lent for this call (Data::bufs checked them for

@@ -3,7 +3,7 @@
 //! [`super`]). Pure functions of the rank count and the node map, so every rank derives the
 //! same trees without talking.
 
-use busbw_transports::nodes::NodeMap;
+use crate::link::nodes::NodeMap;
 
 /// A node's neighbours in one binary tree over node indices `0..N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,21 +5,20 @@
 //! never waits for the peer to accept, and accepting parks connections from other peers until
 //! they are asked for, so ranks can set up in any order.
 
-use crate::buffer::HostBuffer;
 use crate::error::CommError;
-use crate::peers::PeerBook;
-use busbw_transports::nodes::NodeMap;
-use busbw_transports::{
-    Abort, Identity, Listener, RecvComm, SendComm, Sleep, Transport, TransportError,
-};
+use crate::link::nodes::NodeMap;
+use crate::link::peers::PeerBook;
+use busbw_transports::{Abort, Identity, Listener, RecvComm, SendComm, Transport, TransportError};
+use std::any::{Any, TypeId};
 use std::time::{Duration, Instant};
 
-/// Channels a communicator keeps connections for: 0 for rings, chains and point-to-point
-/// groups, 1 and 2 for the two trees, [`SMALL_CHANNEL`] for small exchanges.
+/// Channels a communicator keeps connections for: independent ordered streams between the
+/// same two ranks, so pipelines that run at once never interleave their messages (0 by
+/// default, 1 and 2 for a second and third pipeline), and [`SMALL_CHANNEL`].
 pub const MAX_CHANNELS: u32 = 4;
 
-/// The channel of small pairwise exchanges (recursive doubling up to
-/// [`crate::rd::SMALL_BYTES`], the harness's barriers and timing reductions). Where the
+/// The channel of small pairwise exchanges (small all-reduces, barriers, the harness's timing
+/// reductions). Where the
 /// transport can ([`busbw_transports::Transport::duplex`]: TCP), its connection carries both
 /// directions, so a message's acknowledgement rides on the reply instead of a segment of its
 /// own: an 8-byte exchange on TCP loopback takes about a quarter less. Bulk stays on one-way
@@ -48,10 +47,10 @@ pub struct CommConfig {
     /// than one only where cores would otherwise idle: when every rank of the node already
     /// has a core busy, extra threads just take turns with the peers they wait for.
     pub reduce_threads: usize,
-    /// Whether ranks of one host may map each other's buffers ([`crate::direct`]): set where
-    /// the job moves local data through shared memory anyway, never where a transport was
-    /// asked for by name to be measured between local ranks (`--transport tcp`).
-    pub direct: bool,
+    /// Whether ranks of one host may map each other's buffers: set where the job moves local
+    /// data through shared memory anyway, never where a transport was asked for by name to be
+    /// measured between local ranks (`--transport tcp`).
+    pub map_peers: bool,
 }
 
 impl Default for CommConfig {
@@ -64,7 +63,7 @@ impl Default for CommConfig {
             spin: Duration::from_micros(50),
             yield_for: Duration::from_millis(2),
             reduce_threads: 1,
-            direct: false,
+            map_peers: false,
         }
     }
 }
@@ -103,25 +102,17 @@ pub struct Communicator {
     /// answer parses the peer's handle, which a small call must not do every time).
     duplex_to: Vec<Option<bool>>,
     /// Node (host) index of every rank, for algorithms that treat intra- and inter-node links
-    /// differently (the tree chains the ranks of a node).
+    /// differently.
     nodes: Vec<usize>,
-    /// The same as segments, which the tree looks its neighbours up in on every call.
+    /// The same as segments, which an algorithm can look a rank's neighbours up in on every
+    /// call without a walk over the ranks.
     node_map: NodeMap,
     seq: u32,
     config: CommConfig,
-    /// Receive staging for reductions.
-    pub(crate) staging: HostBuffer,
-    /// Partial results that must outlive a step (reduce-scatter, reduce).
-    pub(crate) scratch: HostBuffer,
-    /// This rank's input multiplied by its `mulsum` scalar.
-    pub(crate) premul: HostBuffer,
-    /// Threads for large reductions (`CommConfig::reduce_threads`), if more than one.
-    reduce_pool: Option<std::sync::Arc<rayon::ThreadPool>>,
-    /// The executor's bookkeeping, reused from call to call (boxed: a call takes it out and
-    /// puts it back, which should move a pointer, not the vectors).
-    pub(crate) engine: Option<Box<crate::engine::Scratch>>,
-    /// The direct AllReduce's mappings of peers' buffers and its agreement.
-    pub(crate) direct: crate::direct::Direct,
+    /// What the layers above keep for as long as the communicator lives (the engine's
+    /// staging and bookkeeping, an algorithm's mappings of peers' buffers), one value per
+    /// type: the link layer holds it for them without knowing what it is.
+    kept: Vec<(TypeId, Box<dyn Any + Send>)>,
 }
 
 impl Communicator {
@@ -146,23 +137,6 @@ impl Communicator {
                 "segment size and window must be positive".into(),
             ));
         }
-        let reduce_pool = if config.reduce_threads > 1 {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(config.reduce_threads)
-                .thread_name(move |i| format!("busbw-reduce-{rank}.{i}"))
-                .build()
-                .ok()
-                .map(std::sync::Arc::new)
-        } else {
-            None
-        };
-        let empty = || {
-            HostBuffer::new(0).ok_or(CommError::OutOfMemory {
-                rank,
-                bytes: 0,
-                what: "staging",
-            })
-        };
         Ok(Communicator {
             rank,
             size,
@@ -176,12 +150,7 @@ impl Communicator {
             node_map: NodeMap::uniform(size, size),
             seq: 0,
             config,
-            staging: empty()?,
-            scratch: empty()?,
-            premul: empty()?,
-            reduce_pool,
-            engine: None,
-            direct: Default::default(),
+            kept: Vec::new(),
         })
     }
 
@@ -236,11 +205,34 @@ impl Communicator {
         &self.config
     }
 
-    /// The pool large reductions are split across, if the communicator has one.
-    pub fn reduce_pool(&self) -> Option<std::sync::Arc<rayon::ThreadPool>> {
-        self.reduce_pool.clone()
+    /// The value of type `T` kept with this communicator, if one was made.
+    pub fn peek<T: Any + Send>(&self) -> Option<&T> {
+        let id = TypeId::of::<T>();
+        self.kept
+            .iter()
+            .find(|(t, _)| *t == id)
+            .and_then(|(_, v)| v.downcast_ref::<T>())
     }
 
+    /// The value of type `T` that a layer above keeps with this communicator, made by
+    /// `T::default()` on first use. A type per purpose (the engine's workspace, the direct
+    /// AllReduce's mappings), so nothing here names an algorithm; a lookup is a scan of a
+    /// handful of entries.
+    pub fn kept<T: Any + Send + Default>(&mut self) -> &mut T {
+        let id = TypeId::of::<T>();
+        let i = match self.kept.iter().position(|(t, _)| *t == id) {
+            Some(i) => i,
+            None => {
+                self.kept.push((id, Box::new(T::default())));
+                self.kept.len() - 1
+            }
+        };
+        match self.kept[i].1.downcast_mut::<T>() {
+            Some(v) => v,
+            // Entries are filed under their own type's id.
+            None => unreachable!("kept value filed under another type"),
+        }
+    }
     pub fn transport(&self) -> &dyn Transport {
         self.transport.as_ref()
     }
@@ -471,143 +463,9 @@ impl Communicator {
                 .unwrap_or_else(|| "abort requested".into()),
         }
     }
-
-    /// Open the ring connections (to rank+1, from rank-1) now rather than inside the first
-    /// timed collective.
-    pub fn connect_ring(&mut self) -> Result<(), CommError> {
-        if self.size < 2 {
-            return Ok(());
-        }
-        let right = (self.rank + 1) % self.size;
-        let left = (self.rank + self.size - 1) % self.size;
-        self.connect_send(right, 0)?;
-        self.accept_recv(left, 0)?;
-        Ok(())
-    }
 }
 
 /// Where (peer, channel) sits in `sends`/`recvs` (unchecked: [`Communicator::slot`] checks).
 fn index(peer: usize, channel: u32) -> usize {
     peer * MAX_CHANNELS as usize + channel as usize
-}
-
-/// Waiting without burning the core a peer needs: spin for `CommConfig::spin` (the data is
-/// usually microseconds away), then yield for `CommConfig::yield_for`, then sleep in poll(2)
-/// on what the blocked comms name ([`Sleep`]). It also enforces the no-progress timeout and
-/// notices the abort flag.
-///
-/// Callers run their progress pass, then, when it did nothing, call [`Waiter::idle`]; when
-/// that says the budget is spent, they ask each blocked comm for `sleep_on()`, hand the
-/// answers to [`Waiter::sleep`] and call `woke()` on the same comms.
-pub(crate) struct Waiter {
-    /// Set at a wait's first clock reading (a call that never waits reads no clock).
-    last_progress: Option<Instant>,
-    idle: u32,
-    spin: Duration,
-    yield_for: Duration,
-}
-
-/// Longest single sleep: progress checks (abort, -T) happen at least this often.
-const POLL_MS: i32 = 5;
-/// Idle passes between clock reads while spinning (a pass is a few transport tests).
-const CLOCK_EVERY: u32 = 8;
-
-impl Waiter {
-    pub(crate) fn new(comm: &Communicator) -> Self {
-        Waiter {
-            last_progress: None,
-            idle: 0,
-            spin: comm.config.spin,
-            yield_for: comm.config.yield_for,
-        }
-    }
-
-    pub(crate) fn progressed(&mut self) {
-        // The clock restarts at the next wait's first reading, not here: a short wait (the
-        // usual case at 8 bytes) then costs no clock read at all.
-        self.idle = 0;
-    }
-
-    /// Called when a pass made no progress. Returns `Ok(true)` when the caller should sleep
-    /// (see the type's documentation), `Ok(false)` to just run another pass. `waiting_for`
-    /// names the peer and what is awaited, for the timeout message.
-    pub(crate) fn idle(
-        &mut self,
-        comm: &Communicator,
-        waiting_for: impl FnOnce() -> (usize, String),
-    ) -> Result<bool, CommError> {
-        self.idle = self.idle.saturating_add(1);
-        // (A saturated count reads the clock on every pass, so -T still fires.)
-        if !self.idle.is_multiple_of(CLOCK_EVERY) && self.idle != u32::MAX {
-            std::hint::spin_loop();
-            return Ok(false);
-        }
-        // The wait is timed from its first clock reading, CLOCK_EVERY passes in: the spin
-        // budget starts those few passes late, which is noise beside any budget.
-        let waited = match self.last_progress {
-            Some(t) if self.idle != CLOCK_EVERY => t.elapsed(),
-            _ => {
-                self.last_progress = Some(Instant::now());
-                Duration::ZERO
-            }
-        };
-        if waited < self.spin {
-            std::hint::spin_loop();
-            return Ok(false);
-        }
-        if comm.config.abort.is_raised() {
-            return Err(comm.aborted());
-        }
-        if waited > comm.config.timeout {
-            let (peer, what) = waiting_for();
-            return Err(CommError::Timeout {
-                rank: comm.rank,
-                peer: Some(peer),
-                secs: comm.config.timeout.as_secs_f64(),
-                what,
-            });
-        }
-        if waited < self.spin + self.yield_for {
-            std::thread::yield_now();
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    /// Sleep until one of `on` may allow progress, or briefly when none names a descriptor.
-    pub(crate) fn sleep(&mut self, on: &[Sleep]) {
-        let mut fds = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; 16];
-        let mut nfds = 0;
-        let mut nap = false;
-        for s in on {
-            let (fd, events) = match *s {
-                Sleep::Ready => return,
-                Sleep::Nap => {
-                    nap = true;
-                    continue;
-                }
-                Sleep::Readable(fd) => (fd, libc::POLLIN),
-                Sleep::Writable(fd) => (fd, libc::POLLOUT),
-            };
-            if nfds < fds.len() {
-                fds[nfds] = libc::pollfd {
-                    fd,
-                    events,
-                    revents: 0,
-                };
-                nfds += 1;
-            }
-        }
-        if nap || nfds == 0 {
-            std::thread::sleep(Duration::from_micros(50));
-        } else {
-            // SAFETY: fds[..nfds] are initialised pollfd structs. Errors (EINTR) just end
-            // the sleep early; the caller's next test() reports real socket errors.
-            unsafe { libc::poll(fds.as_mut_ptr(), nfds as libc::nfds_t, POLL_MS) };
-        }
-    }
 }

@@ -6,9 +6,9 @@
 //! (8 ranks per node, nodes in rank order), so the map is kept as segments of equal-sized
 //! nodes: "nodes 0 to 4095, 8 consecutive ranks each" is one segment, whatever the job's
 //! size. An irregular job (nodes of different sizes, ranks dealt round-robin over the nodes)
-//! still fits, in more segments. The type lives here, beside [`crate::multi::NodeId`],
-//! because both the control plane (which publishes it) and the algorithms (which shape their
-//! trees with it) need it, and neither depends on the other.
+//! still fits, in more segments. The type belongs to the link layer, which knows which peers
+//! share a node; the control plane (`busbw-launchers`' bootstrap, which publishes it) uses it
+//! from here.
 //!
 //! Nodes are numbered in order of their lowest rank, so every rank derives the same numbers
 //! from the same map and rank 0's node is node 0.

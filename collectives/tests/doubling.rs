@@ -4,7 +4,7 @@
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::verifiable::{count_wrong, fill_expected, fill_input};
 use busbw_collectives::{
-    all_reduce, all_reduce_with, rd_all_reduce, Algo, CommConfig, CommError, CostModel, Data,
+    all_reduce, all_reduce_with, doubling_all_reduce, Algo, CommConfig, CommError, CostModel, Data,
     DataType, HostBuffer, ReduceOp,
 };
 use proptest::prelude::*;
@@ -85,7 +85,7 @@ proptest! {
         in_place in any::<bool>(),
     ) {
         let comms = thread_world(n, ThreadTransport::Inproc, config()).unwrap();
-        let out = run(comms, rd_all_reduce, count, dtype, op, in_place);
+        let out = run(comms, doubling_all_reduce, count, dtype, op, in_place);
         let wrong: Vec<u64> = out.iter().map(|o| o.1).collect();
         prop_assert!(wrong.iter().all(|w| *w == 0), "wrong per rank: {wrong:?}");
         // Every rank holds the same bits (pairs reduce in one order).
@@ -107,7 +107,7 @@ fn every_dtype_and_op_over_tcp_and_shm_matches_the_ring() {
             for op in ReduceOp::ALL {
                 let in_place = (op as usize).is_multiple_of(2);
                 let comms = thread_world(n, transport, config()).unwrap();
-                let rd = run(comms, rd_all_reduce, 1003, dtype, op, in_place);
+                let rd = run(comms, doubling_all_reduce, 1003, dtype, op, in_place);
                 let comms = thread_world(n, ThreadTransport::Inproc, config()).unwrap();
                 let ring = run(comms, all_reduce, 1003, dtype, op, in_place);
                 for (r, (a, b)) in rd.iter().zip(&ring).enumerate() {
@@ -126,8 +126,8 @@ fn every_dtype_and_op_over_tcp_and_shm_matches_the_ring() {
 #[test]
 fn auto_picks_rd_for_short_messages() {
     let m = CostModel::new(20.0, 2.0);
-    assert_eq!(m.choose(8, 2), Algo::Rd);
-    assert_eq!(m.choose(8, 8), Algo::Rd);
+    assert_eq!(m.choose(8, 2), Algo::Doubling);
+    assert_eq!(m.choose(8, 8), Algo::Doubling);
     assert_eq!(m.choose(256 << 20, 8), Algo::Ring);
     let comms = thread_world(3, ThreadTransport::Inproc, config()).unwrap();
     let ran = run_threads(comms, |comm| {
@@ -143,7 +143,7 @@ fn auto_picks_rd_for_short_messages() {
         )
         .unwrap()
     });
-    assert!(ran.iter().all(|a| *a == Algo::Rd), "{ran:?}");
+    assert!(ran.iter().all(|a| *a == Algo::Doubling), "{ran:?}");
 }
 
 /// A partner that never shows up is named in the timeout, not waited for forever.
@@ -157,7 +157,7 @@ fn missing_partner_times_out_naming_it() {
     let _absent = comms.pop().unwrap(); // rank 3 never runs
     let errs = run_threads(comms, |comm| {
         let mut buf = vec![0u8; 64];
-        rd_all_reduce(
+        doubling_all_reduce(
             comm,
             Data::in_place(&mut buf),
             16,
@@ -260,7 +260,7 @@ fn small_calls_share_one_tcp_connection_per_pair() {
                 let bytes = unsafe {
                     std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, count * 4)
                 };
-                rd_all_reduce(
+                doubling_all_reduce(
                     comm,
                     Data::in_place(bytes),
                     count,

@@ -17,15 +17,15 @@
 //! same bits even where an operator is not commutative bit for bit (min/max of +0 and -0, NaN
 //! payloads).
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
+use crate::engine::data::{bytes_of, Data};
+use crate::engine::space::MemorySpace;
+use crate::engine::workspace::premultiplied;
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Progress, Regions, Schedule};
 use crate::error::CommError;
-use crate::space::MemorySpace;
+use crate::link::Communicator;
 use crate::with_dtype;
-use crate::workspace::premultiplied;
 use smallvec::SmallVec;
 
 /// Channel of recursive doubling above [`SMALL_BYTES`]: the ring's. Calls never overlap, so
@@ -41,7 +41,7 @@ pub const SMALL_BYTES: usize = 16 << 10;
 
 /// AllReduce `count` elements of `dtype` with `op` by recursive doubling; same contract as
 /// [`crate::all_reduce`].
-pub fn rd_all_reduce(
+pub fn doubling_all_reduce(
     comm: &mut Communicator,
     data: Data<'_>,
     count: usize,
@@ -49,24 +49,31 @@ pub fn rd_all_reduce(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let bytes = bytes_of(count, dtype)?;
-    let mut b = data.bufs(comm.rank(), "rd_all_reduce", bytes, bytes, dtype, (0, 0))?;
+    let mut b = data.bufs(
+        comm.rank(),
+        "doubling_all_reduce",
+        bytes,
+        bytes,
+        dtype,
+        (0, 0),
+    )?;
     // Recursive doubling reduces on the host: device data is staged around it.
     let (inputs, outputs) = ([(b.src, bytes)], [(b.dst, bytes)]);
     b.space
-        .around(comm, "rd_all_reduce", &inputs, &outputs, |comm| {
+        .around(comm, "doubling_all_reduce", &inputs, &outputs, |comm| {
             let host = &mut MemorySpace::Host;
             with_dtype!(dtype, T => {
                 // SAFETY: Data::bufs checked sizes and alignment; the borrows outlive the call.
                 unsafe {
                     let src = premultiplied(comm, host, op, b.src as *const T, count)?;
-                    rd_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
+                    doubling_all_reduce_raw::<T>(comm, src, b.dst as *mut T, count, op)
                 }
             })
         })
 }
 
 /// Number of dependent hops recursive doubling takes on `n` ranks (for the cost model).
-pub fn rd_hops(n: usize) -> usize {
+pub fn doubling_hops(n: usize) -> usize {
     if n <= 1 {
         return 0;
     }
@@ -74,7 +81,7 @@ pub fn rd_hops(n: usize) -> usize {
     p.trailing_zeros() as usize + if p == n { 0 } else { 2 }
 }
 
-/// What a connection carries in the plan: its step, and for a receive whether it is
+/// What a connection carries in the schedule: its step, and for a receive whether it is
 /// combined with our result (`Some(theirs_first)`) or is the result itself (`None`).
 #[derive(Clone, Copy)]
 struct Role {
@@ -82,11 +89,11 @@ struct Role {
     combine: Option<bool>,
 }
 
-/// Recursive doubling as a plan: each step's send and receive may start once the step
+/// Recursive doubling as a schedule: each step's send and receive may start once the step
 /// before is complete (its data combined, its send off the buffer the next receive may
 /// overwrite); a step's combine waits for its send, which reads the buffer the combine
 /// writes.
-struct RdPlan<T> {
+struct DoublingSchedule<T> {
     n: usize,
     dst: *mut T,
     count: usize,
@@ -99,7 +106,7 @@ struct RdPlan<T> {
     avg: bool,
 }
 
-impl<T> RdPlan<T> {
+impl<T> DoublingSchedule<T> {
     fn add(&mut self, peer: usize, channel: u32, dir: Dir, combine: Option<bool>) {
         let step = self.steps.len().saturating_sub(1);
         self.links.push(Link {
@@ -130,9 +137,9 @@ impl<T> RdPlan<T> {
     }
 }
 
-impl<T> Plan<T> for RdPlan<T> {
+impl<T> Schedule<T> for DoublingSchedule<T> {
     fn name(&self) -> &'static str {
-        "rd_all_reduce"
+        "doubling_all_reduce"
     }
     fn links(&self) -> &[Link] {
         &self.links
@@ -185,7 +192,7 @@ impl<T> Plan<T> for RdPlan<T> {
 
 /// # Safety
 /// `src` and `dst` valid for `count` elements (possibly equal: in place).
-pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
+pub(crate) unsafe fn doubling_all_reduce_raw<T: Element>(
     comm: &mut Communicator,
     src: *const T,
     dst: *mut T,
@@ -218,7 +225,7 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
             Ok(CHANNEL)
         }
     };
-    let mut plan = RdPlan {
+    let mut schedule = DoublingSchedule {
         n,
         dst,
         count,
@@ -232,33 +239,33 @@ pub(crate) unsafe fn rd_all_reduce_raw<T: Element>(
         None => {
             // Folded: hand our input to r+1, get the result back at the end.
             let ch = channel(comm, r + 1)?;
-            plan.step();
-            plan.add(r + 1, ch, Dir::Send, None);
-            plan.step();
-            plan.add(r + 1, ch, Dir::Recv, None);
+            schedule.step();
+            schedule.add(r + 1, ch, Dir::Send, None);
+            schedule.step();
+            schedule.add(r + 1, ch, Dir::Recv, None);
         }
         Some(v) => {
             if r < 2 * rem {
                 // Absorb the even rank before us: its data is the lower side.
-                plan.step();
-                plan.add(r - 1, channel(comm, r - 1)?, Dir::Recv, Some(true));
+                schedule.step();
+                schedule.add(r - 1, channel(comm, r - 1)?, Dir::Recv, Some(true));
             }
             let mut mask = 1;
             while mask < p {
                 let partner = real(v ^ mask);
                 let ch = channel(comm, partner)?;
-                plan.step();
-                plan.add(partner, ch, Dir::Send, None);
-                plan.add(partner, ch, Dir::Recv, Some(v > v ^ mask));
+                schedule.step();
+                schedule.add(partner, ch, Dir::Send, None);
+                schedule.add(partner, ch, Dir::Recv, Some(v > v ^ mask));
                 mask <<= 1;
             }
             if r < 2 * rem {
-                plan.step();
-                plan.add(r - 1, channel(comm, r - 1)?, Dir::Send, None);
+                schedule.step();
+                schedule.add(r - 1, channel(comm, r - 1)?, Dir::Send, None);
             }
         }
     }
-    engine::run(comm, &mut plan, op, &mut MemorySpace::Host)
+    engine::run(comm, &mut schedule, op, &mut MemorySpace::Host)
 }
 
 /// AllReduce a few control values (timings, error counts) over the same connections, so the
@@ -277,7 +284,7 @@ pub fn all_reduce_values<T: Element>(
             std::mem::size_of_val(values),
         )
     };
-    rd_all_reduce(comm, Data::in_place(bytes), count, T::DTYPE, op)
+    doubling_all_reduce(comm, Data::in_place(bytes), count, T::DTYPE, op)
 }
 
 /// A barrier: returns once every rank has entered it.
@@ -292,12 +299,12 @@ mod tests {
 
     #[test]
     fn hops() {
-        assert_eq!(rd_hops(1), 0);
-        assert_eq!(rd_hops(2), 1);
-        assert_eq!(rd_hops(3), 3);
-        assert_eq!(rd_hops(4), 2);
-        assert_eq!(rd_hops(6), 4);
-        assert_eq!(rd_hops(8), 3);
-        assert_eq!(rd_hops(9), 5);
+        assert_eq!(doubling_hops(1), 0);
+        assert_eq!(doubling_hops(2), 1);
+        assert_eq!(doubling_hops(3), 3);
+        assert_eq!(doubling_hops(4), 2);
+        assert_eq!(doubling_hops(6), 4);
+        assert_eq!(doubling_hops(8), 3);
+        assert_eq!(doubling_hops(9), 5);
     }
 }

@@ -3,6 +3,8 @@
 //! Page-aligned so that any element type, any transport (verbs registers whole pages) and
 //! the buffer-offset rotation of the harness keep natural alignment.
 
+pub(crate) mod shared;
+
 use busbw_transports::platform::{Platform, Shareable};
 use busbw_transports::{MemRegion, MemoryKind};
 use std::alloc::{self, Layout};
@@ -46,7 +48,7 @@ impl HostBuffer {
 
     /// [`HostBuffer::mapped`] in memory that ranks on the same host can map (a memfd, or a
     /// POSIX shared-memory object on the portable platform): the direct AllReduce
-    /// ([`crate::direct`]) reads and writes peers' buffers in place when every rank's are
+    /// ([`crate::algorithms::direct`]) reads and writes peers' buffers in place when every rank's are
     /// shared. Where none can be had, a heap buffer, which algorithms move by copying as
     /// before. The platform is this process's ([`Platform::active`]).
     pub fn shared(len: usize) -> Option<Self> {
@@ -58,7 +60,7 @@ impl HostBuffer {
         if len == 0 {
             return Self::new(0);
         }
-        match crate::direct::window::create(platform, len) {
+        match shared::create(platform, len) {
             Ok(s) => Some(HostBuffer {
                 ptr: s.as_ptr(),
                 len,
@@ -131,7 +133,7 @@ impl Drop for HostBuffer {
     fn drop(&mut self) {
         if let Some((region, _)) = self.shared.take() {
             // Out of the table first, so that no call finds a key to unmapped memory.
-            crate::direct::window::forget(self.ptr);
+            shared::forget(self.ptr);
             drop(region);
         } else if self.len > 0 {
             if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {

@@ -5,13 +5,13 @@
 //! never waits for one peer while another could make progress, and a group that pairs
 //! sends and receives in any order cannot deadlock.
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, Data};
 use crate::dtype::{DataType, ReduceOp};
-use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
+use crate::engine::data::{bytes_of, Data};
+use crate::engine::space::{host_only, MemorySpace};
+use crate::engine::workspace::scratch;
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Progress, Regions, Schedule};
 use crate::error::CommError;
-use crate::space::{host_only, MemorySpace};
-use crate::workspace::scratch;
+use crate::link::Communicator;
 use smallvec::SmallVec;
 
 /// One transfer of a group. Pointers must stay valid until the group completes.
@@ -29,7 +29,7 @@ pub(crate) enum Xfer {
     },
 }
 
-/// A group as a plan: one connection per peer and direction, every transfer ready at once.
+/// A group as a schedule: one connection per peer and direction, every transfer ready at once.
 struct Group<'x> {
     xfers: &'x [Xfer],
     regions: &'x [(*const u8, usize)],
@@ -49,7 +49,7 @@ impl Group<'_> {
     }
 }
 
-impl Plan<u8> for Group<'_> {
+impl Schedule<u8> for Group<'_> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -100,7 +100,7 @@ pub(crate) unsafe fn exchange(
     channel: u32,
     name: &'static str,
 ) -> Result<(), CommError> {
-    let mut plan = Group {
+    let mut schedule = Group {
         xfers,
         regions,
         name,
@@ -112,14 +112,14 @@ pub(crate) unsafe fn exchange(
             Xfer::Send { peer, .. } => (peer, Dir::Send),
             Xfer::Recv { peer, .. } => (peer, Dir::Recv),
         };
-        let l = match plan
+        let l = match schedule
             .links
             .iter()
             .position(|l| l.peer == peer && l.dir == dir)
         {
             Some(l) => l,
             None => {
-                plan.links.push(Link {
+                schedule.links.push(Link {
                     peer,
                     channel,
                     dir,
@@ -127,15 +127,15 @@ pub(crate) unsafe fn exchange(
                     staged: None,
                     label: "",
                 });
-                plan.order.push((SmallVec::new(), 0));
-                plan.links.len() - 1
+                schedule.order.push((SmallVec::new(), 0));
+                schedule.links.len() - 1
             }
         };
-        plan.links[l].messages += 1;
-        plan.order[l].0.push(i);
+        schedule.links[l].messages += 1;
+        schedule.order[l].0.push(i);
     }
     // Point-to-point groups move host memory only: device data is staged around them.
-    engine::run(comm, &mut plan, ReduceOp::Sum, &mut MemorySpace::Host)
+    engine::run(comm, &mut schedule, ReduceOp::Sum, &mut MemorySpace::Host)
 }
 
 /// AlltoAll: block j of every rank's input (`count` elements each) goes to rank j, landing

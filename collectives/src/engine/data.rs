@@ -2,10 +2,10 @@
 //! into raw pointers), their transport registrations ([`Regs`]), sizes in bytes and the
 //! pipeline's segment sizes.
 
-use crate::communicator::Communicator;
 use crate::dtype::DataType;
+use crate::engine::space::{check_mirrors, MemorySpace};
 use crate::error::CommError;
-use crate::space::{check_mirrors, MemorySpace};
+use crate::link::Communicator;
 use busbw_transports::{MemRegion, MemoryKind, Registration};
 
 /// The buffers of one collective call and the memory they live in.

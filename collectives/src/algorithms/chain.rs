@@ -6,16 +6,16 @@
 //! time for large messages `size / link bandwidth` plus `n-1` segment latencies, as NCCL's
 //! ring Broadcast and Reduce do.
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, pipeline_segment, Data};
+use crate::algorithms::ring::{run_ring, Chunks, RingSchedule};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
+use crate::engine::data::{bytes_of, pipeline_segment, Data};
+use crate::engine::space::MemorySpace;
+use crate::engine::workspace::{premultiplied, scratch};
 use crate::engine::Regions;
 use crate::error::CommError;
-use crate::ring::{run_ring, Chunks, RingPlan};
-use crate::space::MemorySpace;
+use crate::link::Communicator;
 use crate::with_dtype;
-use crate::workspace::{premultiplied, scratch};
 
 fn check_root(comm: &Communicator, root: usize, what: &str) -> Result<(), CommError> {
     if root >= comm.size() {
@@ -69,8 +69,8 @@ pub fn reduce(
     })
 }
 
-/// Position-aware chain plan over one chunk holding the whole buffer.
-struct ChainPlan<T> {
+/// Position-aware chain schedule over one chunk holding the whole buffer.
+struct ChainSchedule<T> {
     prev: Option<usize>,
     next: Option<usize>,
     count: usize,
@@ -83,7 +83,7 @@ struct ChainPlan<T> {
     is_root: bool,
 }
 
-impl<T> RingPlan<T> for ChainPlan<T> {
+impl<T> RingSchedule<T> for ChainSchedule<T> {
     fn steps(&self) -> usize {
         1
     }
@@ -166,7 +166,7 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
         return Ok(());
     }
     let pos = (r + n - root) % n;
-    let plan = ChainPlan {
+    let schedule = ChainSchedule {
         prev: (pos > 0).then(|| (r + n - 1) % n),
         next: (pos < n - 1).then(|| (r + 1) % n),
         count,
@@ -180,7 +180,7 @@ pub(crate) unsafe fn broadcast_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, count),
     };
-    run_ring(comm, space, &plan, &ch, ReduceOp::Sum, 0, "broadcast")
+    run_ring(comm, space, &schedule, &ch, ReduceOp::Sum, 0, "broadcast")
 }
 
 /// # Safety
@@ -214,7 +214,7 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
         }
     };
     let first = pos == 0;
-    let plan = ChainPlan {
+    let schedule = ChainSchedule {
         prev: (!first).then(|| (r + n - 1) % n),
         next: (!is_root).then(|| (r + 1) % n),
         count,
@@ -228,5 +228,5 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
         rem: 0,
         seg: pipeline_segment::<T>(comm, count),
     };
-    run_ring(comm, space, &plan, &ch, op, 0, "reduce")
+    run_ring(comm, space, &schedule, &ch, op, 0, "reduce")
 }

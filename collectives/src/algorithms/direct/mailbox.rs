@@ -13,10 +13,10 @@
 //! reading everyone's slot of call `k`. No completion message is needed.
 
 use super::window::{self, Key, Mapping};
-use crate::communicator::{Communicator, Waiter};
 use crate::dtype::ReduceOp;
 use crate::element::Element;
 use crate::error::CommError;
+use crate::link::{Communicator, Waiter};
 use crate::HostBuffer;
 use std::sync::atomic::{AtomicU64, Ordering};
 

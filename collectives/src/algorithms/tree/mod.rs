@@ -33,15 +33,15 @@
 //! pipeline of `2·depth` stages has enough chunks to fill it (`enqueue.cc`). On eight local
 //! ranks both measurably help from 16 KiB to 1 MiB (`examples/tree_vs_ring.rs`).
 
-use crate::communicator::Communicator;
-use crate::data::{bytes_of, segment_elems, Data};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
-use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Plan, Progress, Regions};
+use crate::engine::data::{bytes_of, segment_elems, Data};
+use crate::engine::space::MemorySpace;
+use crate::engine::workspace::premultiplied;
+use crate::engine::{self, Arrival, Dir, In, Key, Link, Out, Progress, Regions, Schedule};
 use crate::error::CommError;
-use crate::space::MemorySpace;
+use crate::link::Communicator;
 use crate::with_dtype;
-use crate::workspace::premultiplied;
 
 mod shape;
 
@@ -88,7 +88,7 @@ fn chunk_elems(per_tree: usize, esize: usize, seg: usize, depth: usize) -> usize
 }
 
 /// AllReduce `count` elements of `dtype` with `op` over the double binary tree, leaving the
-/// result on every rank. Same contract as [`crate::ring::all_reduce`], so the two are
+/// result on every rank. Same contract as [`crate::algorithms::ring::all_reduce`], so the two are
 /// interchangeable call by call: `mulsum` premultiplies this rank's input (into a buffer of
 /// the communicator's, the send buffer stays as it was) and then sums; `avg` divides once, at
 /// the root.
@@ -153,11 +153,11 @@ struct Side {
     reduced: Vec<u8>,
 }
 
-/// Both trees as one plan for the engine. Per chunk k, the rules that keep requests off
+/// Both trees as one schedule for the engine. Per chunk k, the rules that keep requests off
 /// memory being written: children's sums are reduced into `out[k]` before the up-send of
 /// `out[k]` is handed out; the down-receive into `out[k]` only after that send completed;
 /// down-sends of `out[k]` once it is final, and nothing writes it afterwards.
-struct TreePlan<T> {
+struct TreeSchedule<T> {
     n: usize,
     op: ReduceOp,
     src: *const T,
@@ -170,14 +170,14 @@ struct TreePlan<T> {
     slot_elems: usize,
 }
 
-impl<T> TreePlan<T> {
+impl<T> TreeSchedule<T> {
     /// Chunks of tree `s` whose sum over this rank's subtree is complete.
     fn summed(&self, s: &Side, at: &Progress, k: usize) -> bool {
         s.from_children.iter().all(|&l| at.done(l) > k)
     }
 }
 
-impl<T> Plan<T> for TreePlan<T> {
+impl<T> Schedule<T> for TreeSchedule<T> {
     fn name(&self) -> &'static str {
         "tree_all_reduce"
     }
@@ -293,7 +293,7 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
     let seg = segment_elems::<T>(comm);
     let trees = rank_trees_in(comm.node_map(), r);
     let depth = rank_tree_depth_in(comm.node_map());
-    let mut plan = TreePlan {
+    let mut schedule = TreeSchedule {
         n,
         op,
         src,
@@ -314,10 +314,10 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
         }
         let chunk = chunk_elems(len, esize, seg, depth);
         let chunks = len.div_ceil(chunk);
-        plan.slot_elems = plan.slot_elems.max(chunk);
-        let side = plan.sides.len();
+        schedule.slot_elems = schedule.slot_elems.max(chunk);
+        let side = schedule.sides.len();
         let mut link = |peer: usize, dir: Dir, role: Role| {
-            plan.links.push(Link {
+            schedule.links.push(Link {
                 peer,
                 channel: TREE_CHANNELS[t],
                 dir,
@@ -326,9 +326,9 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
                 staged: matches!(role, Role::FromChild).then_some(pools),
                 label: [", tree 0", ", tree 1"][t],
             });
-            plan.roles.push((side, role, 0));
+            schedule.roles.push((side, role, 0));
             pools += u8::from(matches!(role, Role::FromChild));
-            plan.links.len() - 1
+            schedule.links.len() - 1
         };
         let l = &trees[t];
         let up = l.parent.map(|p| link(p, Dir::Send, Role::Up));
@@ -341,7 +341,7 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             .map(|&c| link(c, Dir::Recv, Role::FromChild))
             .collect();
         let down = l.parent.map(|p| link(p, Dir::Recv, Role::Down));
-        plan.sides.push(Side {
+        schedule.sides.push(Side {
             geo: Geometry { start, len, chunk },
             is_root: l.parent.is_none(),
             up,
@@ -351,7 +351,7 @@ pub(crate) unsafe fn tree_all_reduce_raw<T: Element>(
             reduced: vec![0; chunks],
         });
     }
-    engine::run(comm, &mut plan, op, space)
+    engine::run(comm, &mut schedule, op, space)
 }
 
 #[cfg(test)]
