@@ -37,6 +37,10 @@ pub(crate) unsafe fn run<T: Element, P: Schedule<T>>(
 #[derive(Default)]
 struct Kept(Option<Box<Scratch>>);
 
+impl crate::link::Kept for Kept {
+    const SLOT: usize = 0;
+}
+
 /// The executor's bookkeeping, kept by the communicator between calls: once warm a call
 /// allocates nothing and copies no inline arrays (at 8 bytes either costs as much as the
 /// transfers). A pointer a call leaves in it is never read by a later call (see `Send`).

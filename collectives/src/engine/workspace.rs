@@ -24,17 +24,24 @@ pub(crate) struct Workspace {
     pool: Option<Option<Arc<rayon::ThreadPool>>>,
 }
 
+impl crate::link::Kept for Workspace {
+    const SLOT: usize = 1;
+}
+
 /// Grows the communicator's staging area (received segments waiting to be reduced) to
 /// `elems` elements and returns it.
+#[inline]
 pub(crate) fn staging<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
     grow(comm, elems, |w| &mut w.staging, "staging buffers")
 }
 
 /// Grows the communicator's scratch area to `elems` elements and returns it.
+#[inline]
 pub(crate) fn scratch<T>(comm: &mut Communicator, elems: usize) -> Result<*mut T, CommError> {
     grow(comm, elems, |w| &mut w.scratch, "scratch buffers")
 }
 
+#[inline]
 fn grow<T>(
     comm: &mut Communicator,
     elems: usize,

@@ -112,7 +112,18 @@ pub struct Communicator {
     /// What the layers above keep for as long as the communicator lives (the engine's
     /// staging and bookkeeping, an algorithm's mappings of peers' buffers), one value per
     /// type: the link layer holds it for them without knowing what it is.
-    kept: Vec<(TypeId, Box<dyn Any + Send>)>,
+    kept: [Option<(TypeId, Box<dyn Any + Send>)>; KEPT_SLOTS],
+}
+
+/// How many values the layers above may keep with a communicator ([`Kept`]).
+pub const KEPT_SLOTS: usize = 4;
+
+/// A value a layer above keeps with each communicator for as long as it lives
+/// ([`Communicator::kept`]).
+pub trait Kept: Any + Send + Default {
+    /// Its slot, below [`KEPT_SLOTS`], chosen where the type is defined; no two kept types
+    /// share one.
+    const SLOT: usize;
 }
 
 impl Communicator {
@@ -150,7 +161,7 @@ impl Communicator {
             node_map: NodeMap::uniform(size, size),
             seq: 0,
             config,
-            kept: Vec::new(),
+            kept: Default::default(),
         })
     }
 
@@ -206,33 +217,34 @@ impl Communicator {
     }
 
     /// The value of type `T` kept with this communicator, if one was made.
-    pub fn peek<T: Any + Send>(&self) -> Option<&T> {
-        let id = TypeId::of::<T>();
-        self.kept
-            .iter()
-            .find(|(t, _)| *t == id)
-            .and_then(|(_, v)| v.downcast_ref::<T>())
+    pub fn peek<T: Kept>(&self) -> Option<&T> {
+        match &self.kept[T::SLOT] {
+            Some((id, v)) if *id == TypeId::of::<T>() => v.downcast_ref::<T>(),
+            _ => None,
+        }
     }
 
     /// The value of type `T` that a layer above keeps with this communicator, made by
     /// `T::default()` on first use. A type per purpose (the engine's workspace, the direct
-    /// AllReduce's mappings), so nothing here names an algorithm; a lookup is a scan of a
-    /// handful of entries.
-    pub fn kept<T: Any + Send + Default>(&mut self) -> &mut T {
-        let id = TypeId::of::<T>();
-        let i = match self.kept.iter().position(|(t, _)| *t == id) {
-            Some(i) => i,
-            None => {
-                self.kept.push((id, Box::new(T::default())));
-                self.kept.len() - 1
-            }
-        };
-        match self.kept[i].1.downcast_mut::<T>() {
-            Some(v) => v,
-            // Entries are filed under their own type's id.
-            None => unreachable!("kept value filed under another type"),
-        }
+    /// AllReduce's mappings), so nothing here names an algorithm; a slot per type, so a
+    /// small call's lookup is an index and one type check.
+    #[inline]
+    pub fn kept<T: Kept>(&mut self) -> &mut T {
+        let (id, v) =
+            self.kept[T::SLOT].get_or_insert_with(|| (TypeId::of::<T>(), Box::new(T::default())));
+        // Two kept types given one slot: a programming error, caught by any test that uses
+        // both.
+        assert!(
+            *id == TypeId::of::<T>(),
+            "two kept types share the communicator's slot {}",
+            T::SLOT
+        );
+        let any: *mut dyn Any = &mut **v;
+        // SAFETY: the slot holds a `Box<T>`: it was filed with `T`'s id, just compared (the
+        // cast drops the vtable that `downcast_mut` would call only to compare it again).
+        unsafe { &mut *(any as *mut T) }
     }
+
     pub fn transport(&self) -> &dyn Transport {
         self.transport.as_ref()
     }
@@ -468,4 +480,48 @@ impl Communicator {
 /// Where (peer, channel) sits in `sends`/`recvs` (unchecked: [`Communicator::slot`] checks).
 fn index(peer: usize, channel: u32) -> usize {
     peer * MAX_CHANNELS as usize + channel as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use busbw_transports::inproc::InprocTransport;
+
+    #[derive(Default)]
+    struct Counter(u32);
+    impl Kept for Counter {
+        const SLOT: usize = KEPT_SLOTS - 1;
+    }
+
+    #[derive(Default)]
+    struct Squatter;
+    impl Kept for Squatter {
+        const SLOT: usize = KEPT_SLOTS - 1;
+    }
+
+    fn comm() -> Communicator {
+        let t = InprocTransport::new(Identity::new(7, 0));
+        let (h, l) = t.listen().unwrap();
+        Communicator::new(Box::new(t), l, vec![h], CommConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn a_kept_value_lives_with_the_communicator_and_a_shared_slot_is_refused() {
+        let mut c = comm();
+        assert!(
+            c.peek::<Counter>().is_none(),
+            "nothing is made before it is asked for"
+        );
+        c.kept::<Counter>().0 += 2;
+        c.kept::<Counter>().0 += 3;
+        assert_eq!(c.peek::<Counter>().map(|k| k.0), Some(5));
+        assert!(c.peek::<Squatter>().is_none());
+        let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            c.kept::<Squatter>();
+        }));
+        assert!(
+            taken.is_err(),
+            "a second type in an occupied slot must not read its value"
+        );
+    }
 }

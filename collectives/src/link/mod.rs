@@ -7,5 +7,5 @@ pub mod nodes;
 pub mod peers;
 mod wait;
 
-pub use communicator::{CommConfig, Communicator, MAX_CHANNELS, SMALL_CHANNEL};
+pub use communicator::{CommConfig, Communicator, Kept, KEPT_SLOTS, MAX_CHANNELS, SMALL_CHANNEL};
 pub(crate) use wait::Waiter;

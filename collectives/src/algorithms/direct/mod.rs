@@ -81,6 +81,10 @@ pub(crate) struct Direct {
     mail: Mail,
 }
 
+impl crate::link::Kept for Direct {
+    const SLOT: usize = 2;
+}
+
 #[derive(Default)]
 enum Mail {
     #[default]
