@@ -16,6 +16,7 @@ pub mod element;
 mod engine;
 mod error;
 pub mod link;
+pub mod nccl;
 pub mod offload;
 pub mod select;
 pub mod testing;
