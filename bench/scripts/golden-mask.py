@@ -14,13 +14,16 @@ def table(t):
         if l.startswith('# Avg bus bandwidth'): l='# Avg bus bandwidth T'
         out.append(l)
     return '\n'.join(out)
-TIMEY=re.compile(r'(time|bw|_us|usec|secs|timestamp|date|pid|started|ended|duration|percentile|p\d+|mean|median|stddev|cv|min|max|outlier|iter|samples|host_memory|resident|algo)',re.I)
-def mask(o,k=''):
-    if isinstance(o,dict): return {kk:mask(v,kk) for kk,v in o.items()}
-    if isinstance(o,list): return [mask(v,k) for v in o]
-    if isinstance(o,(int,float)) and not isinstance(o,bool) and TIMEY.search(k): return 'T'
-    if isinstance(o,str) and TIMEY.search(k): return 'T'
-    return o
+# Exactly the measured values: a key that merely contains "min", "max" or "iter" (the plan's
+# min_bytes, iters) is configuration and must compare equal.
+MEASURED=re.compile(r'(_us|_pct|_gbps|^algbw$|^busbw$|^avg_busbw$|^start_time$|^end_time$|^pid$|^args$)')
+def measured(key, parent):
+    # A row's algorithm is auto's measured choice; the plan's is the flag.
+    return bool(MEASURED.search(key)) or (key == 'algo' and parent != 'plan')
+def mask(o,k='',parent=''):
+    if isinstance(o,dict): return {kk:mask(v,kk,k) for kk,v in o.items()}
+    if isinstance(o,list): return 'T' if measured(k,parent) else [mask(v,k,parent) for v in o]
+    return 'T' if measured(k,parent) else o
 kind,path=sys.argv[1],sys.argv[2]
 t=open(path).read()
 if kind=='table': print(table(t))
@@ -29,5 +32,5 @@ elif kind=='csv':
     r=list(csv.reader(io.StringIO(t)))
     h=r[0]
     for row in r[1:]:
-        print(','.join('T' if TIMEY.search(h[i]) else v for i,v in enumerate(row)))
+        print(','.join('T' if measured(h[i],'rows') else v for i,v in enumerate(row)))
     print(','.join(h))
