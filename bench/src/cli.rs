@@ -4,6 +4,7 @@
 use busbw_collectives::select::Algo;
 use busbw_collectives::{DataType, ReduceOp};
 use busbw_launchers::Launcher;
+use busbw_measure::plan::Engine;
 use busbw_measure::sizes::{parse_size, Rotation};
 use busbw_transports::multi::TransportKind;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -220,6 +221,14 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     })
 }
 
+fn parse_engine(s: &str) -> Result<Engine, String> {
+    match s {
+        "own" | "busbw" => Ok(Engine::Own),
+        "nccl" => Ok(Engine::Nccl),
+        _ => Err(format!("unknown engine '{s}'; expected own or nccl")),
+    }
+}
+
 /// `--transport`: clap lists the possible values in its usage error and `--help`.
 fn transport_kind() -> impl TypedValueParser<Value = TransportKind> {
     PossibleValuesParser::new(TransportKind::NAMES).try_map(|s| s.parse::<TransportKind>())
@@ -429,6 +438,12 @@ pub struct PerfArgs {
     /// see docs/cuda.md). Not given or 0: host memory.
     #[arg(short = 'g', long = "ngpus", visible_alias = "gpus")]
     pub ngpus: Option<u32>,
+    /// Who runs the collectives: own (busbw's engine, the default) or nccl (NCCL's library,
+    /// opened at run time from NCCL_LIBRARY, else libnccl.so.2, on CUDA device buffers: the
+    /// row nccl-tests would print, under busbw's launcher, validation and reports). nccl needs
+    /// the `cuda` build and implies -g 1; see docs/cuda.md.
+    #[arg(long = "engine", env = "BUSBW_ENGINE", default_value = "own", value_parser = parse_engine)]
+    pub engine: Engine,
     /// Root rank of broadcast, reduce, scatter and gather; -1 loops over every rank.
     #[arg(
         short = 'r',

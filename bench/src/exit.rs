@@ -54,8 +54,16 @@ fn decides(cause: &(dyn std::error::Error + 'static)) -> Option<i32> {
             Job::Flags(_) => Some(USAGE),
             Job::Measure(m) => m.comm().and_then(comm_code),
             Job::Build(b) => build(b),
+            Job::Nccl(n) => Some(nccl_join_code(n)),
             _ => None,
         };
+    }
+    if cause
+        .downcast_ref::<busbw_collectives::nccl::NcclError>()
+        .is_some()
+    {
+        // The library itself: absent, or not NCCL.
+        return Some(USAGE);
     }
     if let Some(t) = cause.downcast_ref::<busbw_tiers::Error>() {
         return match t {
@@ -83,6 +91,21 @@ fn comm_code(c: &CommError) -> Option<i32> {
         // reaches) decides.
         CommError::Lookup { .. } => None,
         _ => Some(INTERNAL),
+    }
+}
+
+/// A rank that could not join NCCL: its library or the host's GPU is the fix (usage), unless
+/// the unique id never came (rank 0 timed out or failed, as for any shared value).
+fn nccl_join_code(e: &busbw_job::nccl::JoinError) -> i32 {
+    use busbw_job::nccl::JoinError;
+    use busbw_launchers::bootstrap::BootstrapError;
+    match e {
+        JoinError::Id {
+            source: BootstrapError::NeverRegistered { .. },
+            ..
+        } => TIMEOUT,
+        JoinError::Id { .. } => PEER_FAILURE,
+        _ => USAGE,
     }
 }
 

@@ -15,6 +15,7 @@ use busbw_job::{join_rendezvous, JoinOptions, Session};
 use busbw_launchers::signal;
 use busbw_launchers::{detect_from_env, local, DetectOptions, LocalLaunch, World};
 use busbw_measure::device::DeviceMem;
+use busbw_measure::plan::Engine;
 use busbw_measure::report::{footer, run_header};
 use busbw_measure::specs::CollectiveSpec;
 use busbw_measure::{harness, Plan};
@@ -302,7 +303,9 @@ fn run_rank(world: World, plan: &Plan, args: &PerfArgs, work: RankWork) -> i32 {
                     }
                 }
             }
-            if !echo && !diagnosed && code != exit::INTERNAL {
+            // A rank's own failure (a bug, a setup problem such as a host without a GPU) has
+            // no other account to wait for.
+            if !echo && !diagnosed && code != exit::INTERNAL && code != exit::USAGE {
                 if let Some(reason) =
                     root_cause(&session, e.as_ref(), exit::classify(&e) == exit::INTERNAL)
                 {
@@ -370,6 +373,60 @@ fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
         .collect()
 }
 
+/// `--engine nccl`: this rank's device (when the host has CUDA), then NCCL's communicator
+/// joined through the store (rank 0's unique id), split into the job's groups under
+/// `NCCL_TESTS_SPLIT`. Returns the device and the data path line of the header.
+fn nccl_device(
+    session: &mut Session,
+    plan: &Plan,
+    slot: Slot,
+    split: Option<&SplitGroup>,
+) -> Result<(DeviceMem, String)> {
+    let rank = session.comm.rank();
+    let nccl = busbw_collectives::nccl::Nccl::global()?;
+    let version = nccl.version()?;
+    if rank == 0 {
+        eprintln!(
+            "busbw: engine: NCCL {version} from {}; rank 0's unique id goes to every rank \
+             through busbw's store",
+            nccl.path()
+        );
+    }
+    // Without a driver the join is still tried: NCCL then says why in its own words.
+    let (dev, cuda) = match busbw_collectives::cuda::probe() {
+        Ok(_) => {
+            let d = DeviceMem::open(slot)
+                .with_context(|| format!("rank {rank} opening its CUDA device"))?;
+            d.bind()
+                .with_context(|| format!("rank {rank} making its CUDA device current"))?;
+            (Some(d), None)
+        }
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let joined =
+        busbw_job::nccl::join(session, plan.timeout, cuda).map_err(busbw_job::Error::from)?;
+    let Some(mut d) = dev else {
+        anyhow::bail!("rank {rank}: NCCL joined without a CUDA device on this host");
+    };
+    d.use_nccl(joined.comm, plan.timeout);
+    if let Some(g) = split {
+        let key = g.members().iter().position(|&m| m == rank).unwrap_or(0);
+        d.split_nccl(g.color(), key, g.members().len())
+            .with_context(|| format!("rank {rank}"))?;
+    }
+    session.publish_gpu(&d.line(), plan.timeout)?;
+    let path = format!(
+        "NCCL {version} ({}), device buffers; NCCL chooses its own transports and algorithms \
+         (unique id {})",
+        nccl.path(),
+        joined.digest
+    );
+    if rank == 0 {
+        eprintln!("busbw: device buffers: {path}");
+    }
+    Ok((d, path))
+}
+
 fn sweep(
     session: &mut Session,
     plan: &Plan,
@@ -425,16 +482,27 @@ fn sweep(
         table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
     // -g: open this rank's device before the header, which names every rank's GPU.
-    let mut dev = match plan.gpus {
-        0 => None,
+    let mut data_path = None;
+    let mut dev = match (plan.gpus, plan.engine) {
+        (0, _) => None,
+        (_, Engine::Nccl) => {
+            let (d, path) = nccl_device(session, plan, slot, split.as_ref())?;
+            data_path = Some(path);
+            Some(d)
+        }
         _ => {
             let mut d = DeviceMem::open(slot)
                 .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
             session.publish_gpu(&d.line(), plan.timeout)?;
-            let path = d.choose_path(&session.comm);
+            let path = format!(
+                "{} ({})",
+                d.choose_path(&session.comm),
+                session.transport_name
+            );
             if rank0 {
-                eprintln!("busbw: device buffers: {path} ({})", session.transport_name);
+                eprintln!("busbw: device buffers: {path}");
             }
+            data_path = Some(format!("own engine, device buffers {path}"));
             Some(d)
         }
     };
@@ -452,10 +520,13 @@ fn sweep(
             );
         }
     }
-    let header = run_header(plan, session.devices.clone(), &session.transport_name);
+    let mut header = run_header(plan, session.devices.clone(), &session.transport_name);
+    header.data_path = data_path;
     if rank0 {
         table.header(&header)?;
     }
+    // A group's own communicator; under NCCL it carries the harness's barriers and times,
+    // and the data goes on NCCL's split of the job (nccl_device).
     let mut group_comm = match &split {
         Some(g) => Some(g.communicator(session, world, &join_options(args), plan)?),
         None => None,

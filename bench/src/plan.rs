@@ -4,7 +4,7 @@
 use crate::cli::{Choice, PerfArgs};
 use busbw_collectives::select::Algo;
 use busbw_collectives::{DataType, ReduceOp};
-use busbw_measure::plan::{Average, Split, MAX_RANKS_PER_PROCESS, MAX_UNALIGN};
+use busbw_measure::plan::{Average, Engine, Split, MAX_RANKS_PER_PROCESS, MAX_UNALIGN};
 use busbw_measure::specs::{CollectiveSpec, Redop};
 use busbw_measure::{sizes, Plan};
 use busbw_reports::Step;
@@ -37,7 +37,7 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
     if a.nthreads == 0 {
         return Err("-t 0: a process needs at least one thread (rank)".into());
     }
-    let gpus = a.ngpus.unwrap_or(0);
+    let gpus = engine_gpus(a)?;
     let per_process = u64::from(a.nthreads) * u64::from(gpus.max(1));
     if per_process > MAX_RANKS_PER_PROCESS as u64 {
         return Err(format!(
@@ -51,9 +51,10 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
     if gpus >= 1 && !cfg!(feature = "cuda") {
         return Err(busbw_measure::device::NO_CUDA_BUILD.into());
     }
-    if gpus >= 1 {
+    if gpus >= 1 && a.engine == Engine::Own {
         // Before any rank starts: a host without the driver is a setup problem to name
-        // once, not a failure of every rank.
+        // once, not a failure of every rank. (NCCL's ranks still try to join without one,
+        // so that the error is NCCL's own: `busbw_job::nccl`.)
         busbw_collectives::cuda::probe().map_err(|e| e.to_string())?;
     }
     if a.np == 0 {
@@ -130,11 +131,11 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
         ops,
         root: a.root,
         algo: match a.algo {
-            _ if !spec.algos => Algo::Ring,
+            _ if !spec.algos || a.engine == Engine::Nccl => Algo::Ring,
             Some(algo) => algo,
             None => Algo::Auto,
         },
-        algo_column: spec.algos && a.algo == Some(Algo::Auto),
+        algo_column: spec.algos && a.algo == Some(Algo::Auto) && a.engine == Engine::Own,
         transport: a.transport,
         average,
         cycles: a.run_cycles,
@@ -144,6 +145,7 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
         fail_rank: a.debug_fail_rank,
         threads: a.nthreads,
         gpus,
+        engine: a.engine,
         per_iter,
         cputime: a.report_cputime != 0,
         timestamps: a.report_timestamps != 0,
@@ -155,6 +157,35 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
         split,
         notes,
     })
+}
+
+/// The usage error of `--engine nccl` in a build without CUDA.
+pub const NO_NCCL_BUILD: &str = "--engine nccl runs NCCL on CUDA device buffers, which this \
+build lacks: rebuild with `cargo build --release --features cuda` (no CUDA toolkit or NCCL \
+needed to build; libnccl.so.2 is opened at run time), or drop --engine nccl to run busbw's own \
+engine";
+
+/// `-g` as the engine needs it: NCCL runs on device buffers, one GPU per rank unless `-g`
+/// says more; its library is opened here, so that a missing one is a usage error before any
+/// rank starts.
+fn engine_gpus(a: &PerfArgs) -> Result<u32, String> {
+    match a.engine {
+        Engine::Own => Ok(a.ngpus.unwrap_or(0)),
+        Engine::Nccl => {
+            if !cfg!(feature = "cuda") {
+                return Err(NO_NCCL_BUILD.into());
+            }
+            if a.ngpus == Some(0) {
+                return Err(
+                    "--engine nccl with -g 0: NCCL runs on CUDA device buffers; drop \
+                            -g 0 (nccl uses -g 1 unless told more)"
+                        .into(),
+                );
+            }
+            busbw_collectives::nccl::Nccl::global().map_err(|e| e.to_string())?;
+            Ok(a.ngpus.unwrap_or(1))
+        }
+    }
 }
 
 /// nccl-tests' cross-checks of `-I`, `-K`, `-z`, `-G`, `-D`/`-R` (the same outcomes: an

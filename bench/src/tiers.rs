@@ -124,6 +124,14 @@ pub fn main(t: &TiersArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    if t.perf.engine == busbw_measure::plan::Engine::Nccl {
+        eprintln!(
+            "busbw: error: tiers runs busbw's own engine on host memory; --engine nccl is for \
+             the *_perf programs (where NCCL_TESTS_SPLIT groups run on ncclCommSplit); drop \
+             --engine nccl"
+        );
+        return exit::USAGE;
+    }
     if t.perf.ngpus.unwrap_or(0) > 0 {
         eprintln!(
             "busbw: error: tiers runs on host memory (it measures the network between tiers); drop -g"

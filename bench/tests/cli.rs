@@ -452,6 +452,120 @@ fn gpus_need_the_cuda_build_and_a_driver() {
     }
 }
 
+/// The NCCL library a test may use: `NCCL_LIBRARY`, else the wheel `.ci/run` unpacks.
+fn nccl_library() -> Option<String> {
+    if let Ok(p) = std::env::var("NCCL_LIBRARY") {
+        return Some(p);
+    }
+    let wheel = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/nccl/nvidia/nccl/lib/libnccl.so.2");
+    wheel.exists().then(|| wheel.to_string_lossy().into_owned())
+}
+
+/// `--engine nccl`: the build, the library and the host are each named when missing. With
+/// the real library on a host without a GPU, every rank gets rank 0's unique id through the
+/// store (the same fingerprint in each rank's words), tries to join, and the job ends with a
+/// usage-class exit naming NCCL's own last error and what to install.
+#[test]
+fn the_nccl_engine_names_what_it_lacks() {
+    usage_error(
+        &["all_reduce_perf", "--engine", "mpi"],
+        "expected own or nccl",
+    );
+    usage_error(&["tiers", "--engine", "nccl"], "drop --engine nccl");
+    if !cfg!(feature = "cuda") {
+        usage_error(&["all_reduce_perf", "--engine", "nccl"], "--features cuda");
+        return;
+    }
+    usage_error(
+        &["all_reduce_perf", "--engine", "nccl", "-g", "0"],
+        "drop -g 0",
+    );
+    let out = busbw()
+        .args(["all_reduce_perf", "--engine", "nccl", "-b", "8", "-e", "8"])
+        .env("NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/nonexistent/libnccl.so.2") && err.contains("pip install nvidia-nccl-cu12"),
+        "{err}"
+    );
+    let Some(lib) = nccl_library() else {
+        eprintln!("SKIP the NCCL join: no libnccl.so.2 (NCCL_LIBRARY unset, no target/nccl; .ci/run unpacks the nvidia-nccl-cu12 wheel)");
+        return;
+    };
+    if busbw_collectives::cuda::probe().is_ok() {
+        eprintln!(
+            "SKIP: this host has a CUDA driver; scripts/gpu-check.sh runs --engine nccl on it"
+        );
+        return;
+    }
+    let version = busbw_collectives::nccl::Nccl::open_path(&lib)
+        .and_then(|n| n.version())
+        .expect("the library loads")
+        .to_string();
+    let out = busbw()
+        .args([
+            "all_reduce_perf",
+            "--engine",
+            "nccl",
+            "--np",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "1K",
+            "-T",
+            "60",
+        ])
+        .env("NCCL_LIBRARY", &lib)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "usage class: {err}");
+    assert!(
+        err.contains(&format!("busbw: engine: NCCL {version} from {lib}")),
+        "{err}"
+    );
+    // Each rank's own account, with the id it received.
+    let digests: Vec<&str> = (0..3)
+        .map(|r| {
+            let line = err
+                .lines()
+                .find(|l| l.starts_with(&format!("[rank {r}] busbw: rank {r} on ")))
+                .unwrap_or_else(|| panic!("rank {r} says why: {err}"));
+            assert!(
+                line.contains(&format!(
+                    "NCCL {version} could not join the communicator of 3 ranks"
+                )),
+                "{line}"
+            );
+            assert!(
+                line.contains("ncclCommInitRank failed") && line.contains("NCCL's last error: "),
+                "{line}"
+            );
+            assert!(
+                line.contains("no CUDA driver") && line.contains("install the driver"),
+                "{line}"
+            );
+            let at = line.find("unique id ").expect("the id's fingerprint") + "unique id ".len();
+            &line[at..at + 16]
+        })
+        .collect();
+    assert!(
+        digests
+            .iter()
+            .all(|d| *d == digests[0] && d.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{digests:?}"
+    );
+    assert!(
+        !err.contains("root cause reported by the job"),
+        "a setup error is each rank's own: {err}"
+    );
+}
+
 #[test]
 fn a_misspelt_simd_tier_is_a_usage_error() {
     let out = busbw()

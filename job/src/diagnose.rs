@@ -35,6 +35,9 @@ pub fn comm_error<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a CommError> 
     None
 }
 
+/// What a rank reports when it waited for every rank (a collective inside NCCL).
+const EVERYONE: &str = "*";
+
 /// How long timed-out ranks wait for each other's reports before naming the silent ones.
 pub const DIAGNOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(1500);
 
@@ -52,32 +55,27 @@ pub fn peer_host(session: &Session, e: &(dyn StdError + 'static)) -> Option<Stri
 pub fn diagnose_hang(session: &Session, e: &(dyn StdError + 'static)) -> Option<String> {
     let store = &session.rdv.as_ref()?.store;
     let rank = session.comm.rank();
-    let peer = comm_error(e).and_then(CommError::peer)?;
-    store
-        .set(&format!("stuck/{rank}"), peer.to_string().as_bytes())
-        .ok()?;
+    // A collective run by a library (NCCL) times out without saying whom it waited for:
+    // such a rank waited for everyone ("*").
+    let waited = match comm_error(e)? {
+        c @ CommError::Timeout { peer: None, .. } => c.peer(),
+        c => Some(c.peer()?),
+    };
+    let text = waited.map_or_else(|| EVERYONE.to_string(), |p| p.to_string());
+    store.set(&format!("stuck/{rank}"), text.as_bytes()).ok()?;
     std::thread::sleep(DIAGNOSE_WINDOW);
     let n = session.comm.size();
-    let mut reported = vec![false; n];
-    let mut waited_on: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (r, rep) in reported.iter_mut().enumerate() {
-        if let Ok(Some(v)) = store.get(&format!("stuck/{r}")) {
-            *rep = true;
-            if let Some(p) = std::str::from_utf8(&v)
-                .ok()
-                .and_then(|t| t.parse::<usize>().ok())
-            {
-                if p < n {
-                    waited_on[p].push(r);
-                }
-            }
-        }
-    }
-    let silent: Vec<String> = (0..n)
-        .filter(|&p| !reported[p] && !waited_on[p].is_empty())
-        .map(|p| {
+    let reports: Vec<Option<String>> = (0..n)
+        .map(|r| match store.get(&format!("stuck/{r}")) {
+            Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+            _ => None,
+        })
+        .collect();
+    let silent: Vec<String> = silent_ranks(&reports)
+        .into_iter()
+        .map(|(p, by)| {
             let host = session.host_of(p).unwrap_or_else(|| "?".into());
-            let by: Vec<String> = waited_on[p].iter().map(|r| r.to_string()).collect();
+            let by: Vec<String> = by.iter().map(|r| r.to_string()).collect();
             format!("rank {p} on {host} (waited on by rank {})", by.join(", "))
         })
         .collect();
@@ -88,6 +86,36 @@ pub fn diagnose_hang(session: &Session, e: &(dyn StdError + 'static)) -> Option<
         "stopped responding: {} (it reported nothing while its peers timed out)",
         silent.join("; ")
     ))
+}
+
+/// The ranks that reported nothing although others waited on them, each with who waited;
+/// `reports[r]` is rank r's report (the peer it waited for, or [`EVERYONE`]), `None` when
+/// it said nothing.
+fn silent_ranks(reports: &[Option<String>]) -> Vec<(usize, Vec<usize>)> {
+    let n = reports.len();
+    let mut waited_on: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (r, rep) in reports.iter().enumerate() {
+        match rep.as_deref() {
+            Some(EVERYONE) => {
+                for (p, w) in waited_on.iter_mut().enumerate() {
+                    if p != r {
+                        w.push(r);
+                    }
+                }
+            }
+            Some(t) => {
+                if let Some(p) = t.parse::<usize>().ok().filter(|&p| p < n) {
+                    waited_on[p].push(r);
+                }
+            }
+            None => {}
+        }
+    }
+    waited_on
+        .into_iter()
+        .enumerate()
+        .filter(|(p, by)| reports[*p].is_none() && !by.is_empty())
+        .collect()
 }
 
 /// How long a rank that saw a peer fail waits for the job to name the root cause.
@@ -113,4 +141,39 @@ pub fn root_cause(session: &Session, e: &(dyn StdError + 'static), own: bool) ->
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     session.abort.reason()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reports(v: &[Option<&str>]) -> Vec<Option<String>> {
+        v.iter().map(|r| r.map(String::from)).collect()
+    }
+
+    #[test]
+    fn the_silent_end_of_a_chain_of_waits_is_named() {
+        // 0 waits on 1, 1 on 2, 2 is silent: 2 is named, waited on by 1.
+        let got = silent_ranks(&reports(&[Some("1"), Some("2"), None, Some("2")]));
+        assert_eq!(got, vec![(2, vec![1, 3])]);
+        // A silent rank nobody waited on is not named.
+        assert!(silent_ranks(&reports(&[Some("1"), Some("0"), None])).is_empty());
+    }
+
+    #[test]
+    fn a_library_collective_waits_on_everyone_and_names_who_stayed_silent() {
+        // NCCL timed out on ranks 0, 1 and 3 (whom they waited for is unknown: "*");
+        // rank 2 stopped answering.
+        let got = silent_ranks(&reports(&[
+            Some(EVERYONE),
+            Some(EVERYONE),
+            None,
+            Some(EVERYONE),
+        ]));
+        assert_eq!(got, vec![(2, vec![0, 1, 3])]);
+        assert!(
+            silent_ranks(&reports(&[Some(EVERYONE), Some(EVERYONE)])).is_empty(),
+            "everyone reported: nobody to blame"
+        );
+    }
 }

@@ -30,6 +30,9 @@ pub enum Error {
     Measure(#[from] busbw_measure::Error),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// `--engine nccl`: this rank could not join NCCL's communicator.
+    #[error(transparent)]
+    Nccl(#[from] Box<crate::nccl::JoinError>),
     /// A setting that cannot work here (an interface, an RDMA port), in words.
     #[error("{0}")]
     Setup(String),

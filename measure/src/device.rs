@@ -13,7 +13,7 @@
 //! compile and are never taken.
 
 use crate::error::Result;
-use crate::specs::{DataCtx, InitFn, RunFn};
+use crate::specs::{CollectiveSpec, DataCtx};
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::Communicator;
 use std::ops::Range;
@@ -128,14 +128,26 @@ impl DeviceMem {
     pub fn free_memory(&mut self) -> Result<u64> {
         match *self {}
     }
+    pub fn bind(&self) -> Result<()> {
+        match *self {}
+    }
+    pub fn use_nccl(
+        &mut self,
+        _comm: busbw_collectives::nccl::Comm<'static>,
+        _timeout: std::time::Duration,
+    ) {
+        match *self {}
+    }
+    pub fn split_nccl(&mut self, _color: usize, _key: usize, _size: usize) -> Result<()> {
+        match *self {}
+    }
     pub fn opened_free(&self) -> u64 {
         match *self {}
     }
-    #[allow(clippy::too_many_arguments)]
     pub fn op(
         &mut self,
         _comm: &mut Communicator,
-        _run: RunFn,
+        _spec: &CollectiveSpec,
         _ctx: &DataCtx,
         _soff: usize,
         _roff: usize,
@@ -146,8 +158,7 @@ impl DeviceMem {
     pub fn validate(
         &mut self,
         _comm: &mut Communicator,
-        _init: InitFn,
-        _run: RunFn,
+        _spec: &CollectiveSpec,
         _ctx: &DataCtx,
         _checked: Range<usize>,
         _corrupt: bool,
@@ -160,6 +171,7 @@ impl DeviceMem {
 mod imp {
     use super::*;
     use crate::error::Context;
+    use crate::specs::nccl::{Enqueue, NcclCall};
     use crate::specs::{Buf, Fill, Gen};
     use busbw_collectives::cuda::device::{
         CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Pinned,
@@ -167,7 +179,8 @@ mod imp {
     use busbw_collectives::cuda::gpudirect;
     use busbw_collectives::cuda::offload::CudaOffload;
     use busbw_collectives::cuda::select::select_device;
-    use busbw_collectives::{MemorySpace, Mirror};
+    use busbw_collectives::nccl::NcclError;
+    use busbw_collectives::{CommError, MemorySpace, Mirror};
 
     /// A rank's device, its send/receive/expected buffers and their pinned twins. The
     /// device lives in its [`CudaOffload`], which each operation's data names as its memory
@@ -185,6 +198,37 @@ mod imp {
         base: usize,
         /// Free device memory once the device was open (`-M`'s starting point).
         opened_free: u64,
+        /// `--engine nccl`: the communicator the collectives run on (a group's, under a
+        /// split), and how long an operation may take before it is aborted (`-T`).
+        nccl: Option<NcclComm>,
+        nccl_parent: Option<NcclComm>,
+        nccl_timeout: std::time::Duration,
+    }
+
+    type NcclComm = busbw_collectives::nccl::Comm<'static>;
+
+    /// An NCCL failure during an operation, as the collectives' own failures read: a timeout
+    /// is a timeout (the job then names who stopped answering), an asynchronous error a
+    /// failure the peers caused, anything else a device error.
+    fn nccl_error(rank: usize, what: String, e: NcclError) -> crate::Error {
+        match e {
+            NcclError::Timeout { secs, .. } => CommError::Timeout {
+                rank,
+                peer: None,
+                secs,
+                what: format!("in {what} (NCCL's operation did not complete; the communicator was aborted with ncclCommAbort)"),
+            }
+            .into(),
+            e @ NcclError::Async { .. } => CommError::Aborted {
+                rank,
+                reason: format!("NCCL: {e}"),
+            }
+            .into(),
+            e => crate::Error::Context {
+                what: format!("rank {rank}: {what}"),
+                source: Box::new(crate::Error::Device(Box::new(e))),
+            },
+        }
     }
 
     /// [`Fill`] on the device: each fill is a generator kernel launch. The first error is
@@ -322,7 +366,86 @@ mod imp {
                 hrecv,
                 base: 0,
                 opened_free,
+                nccl: None,
+                nccl_parent: None,
+                nccl_timeout: std::time::Duration::from_secs(300),
             })
+        }
+
+        /// Makes the device current on the calling thread: NCCL joins a rank on it.
+        pub fn bind(&self) -> Result<()> {
+            Ok(self.dev.gpu_ref().bind()?)
+        }
+
+        /// `--engine nccl`: from now on every operation runs on `comm`, each waited for at
+        /// most `timeout` before the communicator is aborted.
+        pub fn use_nccl(&mut self, comm: NcclComm, timeout: std::time::Duration) {
+            self.nccl = Some(comm);
+            self.nccl_timeout = timeout;
+        }
+
+        /// A split of the job (`NCCL_TESTS_SPLIT`): this rank's group, `ncclCommSplit` of
+        /// the job's communicator by `color`, numbered by `key`, `size` ranks. Every rank
+        /// of the job calls it.
+        pub fn split_nccl(&mut self, color: usize, key: usize, size: usize) -> Result<()> {
+            let Some(parent) = self.nccl.take() else {
+                return Err(crate::Error::Usage("no NCCL communicator to split".into()));
+            };
+            let group = parent
+                .split(Some(color), key, size)
+                .map_err(|e| crate::Error::Device(Box::new(e)))
+                .context("splitting NCCL's communicator into the groups (ncclCommSplit)")?;
+            self.nccl = group;
+            self.nccl_parent = Some(parent);
+            Ok(())
+        }
+
+        /// One operation through NCCL on the device buffers at `soff` and `roff`, enqueued
+        /// on the device's stream and waited for (polling, so `-T` can abort it).
+        fn nccl_op(
+            &mut self,
+            rank: usize,
+            spec: &CollectiveSpec,
+            ctx: &DataCtx,
+            soff: usize,
+            roff: usize,
+            timed: bool,
+        ) -> Result<Option<f64>> {
+            let what = || format!("{} through NCCL", spec.program);
+            let Some(comm) = self.nccl.as_mut() else {
+                return Ok(None);
+            };
+            let gpu = self.dev.gpu();
+            let (send, recv) = (
+                gpu.address(&self.send, soff)?,
+                gpu.address(&self.recv, roff)?,
+            );
+            let stream = gpu.raw_stream();
+            if timed {
+                self.timer.start(gpu)?;
+            }
+            // SAFETY: the device's own stream; the descriptors' addresses lie inside the send
+            // and receive buffers, which `reserve` sized for the row and which outlive the
+            // wait below.
+            let mut ops = unsafe { Enqueue::new(comm, stream) };
+            let mut call = NcclCall {
+                ops: &mut ops,
+                send,
+                recv,
+            };
+            (spec.nccl)(&mut call, ctx).map_err(|e| nccl_error(rank, what(), e))?;
+            if timed {
+                self.timer.stop(gpu)?;
+            }
+            let gpu = &*gpu;
+            comm.wait(&what(), self.nccl_timeout, &mut || {
+                gpu.stream_done().map_err(|e| e.to_string())
+            })
+            .map_err(|e| nccl_error(rank, what(), e))?;
+            if timed {
+                return Ok(Some(self.timer.elapsed_s()?));
+            }
+            Ok(None)
         }
 
         /// `-u`: the send and receive data start `bytes` into their buffers (which the
@@ -417,7 +540,7 @@ mod imp {
         pub fn op(
             &mut self,
             comm: &mut Communicator,
-            run: RunFn,
+            spec: &CollectiveSpec,
             ctx: &DataCtx,
             soff: usize,
             roff: usize,
@@ -427,6 +550,10 @@ mod imp {
             let span = sb.max(rb);
             let soff = (self.base + soff).min(self.send.len().saturating_sub(sb));
             let roff = (self.base + roff).min(self.recv.len().saturating_sub(span));
+            if self.nccl.is_some() {
+                return self.nccl_op(comm.rank(), spec, ctx, soff, roff, timed);
+            }
+            let run = spec.run;
             let hs = self.hsend.as_mut_slice()?;
             let hr = self.hrecv.as_mut_slice()?;
             let mirrors = vec![
@@ -460,12 +587,12 @@ mod imp {
         pub fn validate(
             &mut self,
             comm: &mut Communicator,
-            init: InitFn,
-            run: RunFn,
+            spec: &CollectiveSpec,
             ctx: &DataCtx,
             checked: Range<usize>,
             corrupt: bool,
         ) -> Result<u64> {
+            let init = spec.init;
             let span = ctx.counts.send_bytes.max(ctx.counts.recv_bytes);
             // The device holds the truth; the twins are only staging.
             let gpu = self.dev.gpu();
@@ -483,7 +610,7 @@ mod imp {
             if let Some(e) = f.err {
                 return Err(e).context("making validation data on the device");
             }
-            self.op(comm, run, ctx, 0, 0, false)?;
+            self.op(comm, spec, ctx, 0, 0, false)?;
             let gpu = self.dev.gpu();
             if corrupt && !checked.is_empty() {
                 let at = self.base + checked.start;

@@ -56,6 +56,8 @@ pub struct Plan {
     pub threads: u32,
     /// `-g`: 0 for host memory, else CUDA devices per thread, one rank each.
     pub gpus: u32,
+    /// `--engine`: busbw's own algorithms, or NCCL's library on the device buffers.
+    pub engine: Engine,
     /// `-I 1`: per-iteration columns, with `-K` leading iterations left out of them.
     pub per_iter: Option<u32>,
     /// `-C 1`, `-S 1`.
@@ -76,6 +78,25 @@ pub struct Plan {
     /// What nccl-tests' cross-checks turned off, and flags that do not apply here: one line
     /// each, printed once before the run.
     pub notes: Vec<String>,
+}
+
+/// Who runs the collectives: busbw's own engine (ring, tree, ... over its transports), or
+/// NCCL itself (`--engine nccl`), so that a row stands beside nccl-tests' on the library the
+/// training job uses. busbw's harness, validation and reports are the same either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    #[default]
+    Own,
+    Nccl,
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Engine::Own => "own",
+            Engine::Nccl => "nccl",
+        })
+    }
 }
 
 /// nccl-tests' split of a job into groups that run at once, each its own communicator: a
@@ -224,6 +245,7 @@ impl Plan {
             fail_rank: None,
             threads: 1,
             gpus: 0,
+            engine: Engine::Own,
             per_iter: None,
             cputime: false,
             timestamps: false,
@@ -303,6 +325,7 @@ impl Plan {
             ("-N/--run_cycles", self.cycles.to_string()),
             ("-t/--nthreads", self.threads.to_string()),
             ("-g/--ngpus", self.gpus.to_string()),
+            ("--engine", self.engine.to_string()),
             (
                 "-I/--per_iter_timing, -K/--per_iter_skip",
                 format!("{:?}", self.per_iter),

@@ -73,6 +73,11 @@ pub struct RunHeader {
     /// `-p 1`: the "Parallel Init Enabled" header line.
     #[serde(default)]
     pub parallel_init: bool,
+    /// Where device bytes went (`-g`, `--engine nccl`): busbw's engine GPU to GPU, staged
+    /// through host memory and why, or NCCL and its version; so that a staged figure is never
+    /// read as a GPU figure. `None` for host memory, whose header stays nccl-tests' own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_path: Option<String>,
 }
 
 /// Measurements for one placement (out-of-place or in-place) of one size.

@@ -118,6 +118,9 @@ pub fn header_lines(h: &RunHeader) -> Vec<String> {
             "# Parallel Init Enabled: threads call into NcclInitRank concurrently ".to_string(),
         );
     }
+    if let Some(p) = &h.data_path {
+        lines.push(format!("# Data path: {p} "));
+    }
     lines.push("#".to_string());
     lines.push("# Using devices".to_string());
     for d in &h.devices {

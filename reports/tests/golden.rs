@@ -48,6 +48,7 @@ fn header() -> RunHeader {
         timestamps: false,
         blocking: 0,
         parallel_init: false,
+        data_path: None,
     }
 }
 
@@ -161,6 +162,33 @@ fn column_lines_are_119_bytes_and_rows_118() {
     assert_eq!(lines[10].len(), 119);
     assert_eq!(lines[11].len(), 118);
     assert_eq!(lines[12].len(), 118);
+}
+
+/// Device rows say where their bytes went, in the header and in the JSON record, so a
+/// staged figure is never read as a GPU figure; host rows keep nccl-tests' header.
+#[test]
+fn the_data_path_of_device_rows_is_named() {
+    let plain = render(&header(), &rows(), &footer());
+    assert!(!plain.contains("Data path"), "{plain}");
+    let mut h = header();
+    h.data_path = Some("NCCL 2.32.3 (libnccl.so.2), device buffers".into());
+    let text = render(&h, &rows(), &footer());
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("# Data path: NCCL 2.32.3 (libnccl.so.2), device buffers"))
+        .expect("the data path line");
+    assert_eq!(lines[at + 1], "#", "before the device list: {text}");
+    let json = serde_json::to_string(&h).unwrap();
+    assert!(
+        json.contains(r#""data_path":"NCCL 2.32.3 (libnccl.so.2), device buffers""#),
+        "{json}"
+    );
+    assert!(!serde_json::to_string(&header())
+        .unwrap()
+        .contains("data_path"));
+    let back: RunHeader = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.data_path, h.data_path);
 }
 
 #[test]

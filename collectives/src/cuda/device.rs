@@ -409,9 +409,29 @@ impl Gpu {
     }
 
     /// Makes this device's context current on the calling thread, as the raw driver calls of
-    /// the offload need (cudarc's safe calls do it themselves).
-    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+    /// the offload need (cudarc's safe calls do it themselves), and as NCCL needs before a
+    /// rank joins: it uses the calling thread's current device.
+    pub fn bind(&self) -> Result<(), CudaError> {
         drv("making the context current", self.ctx.bind_to_thread())
+    }
+
+    /// The compute stream's handle, for a library that enqueues its own work on it (NCCL).
+    pub fn raw_stream(&self) -> *mut std::ffi::c_void {
+        self.stream.cu_stream().cast()
+    }
+
+    /// Whether everything enqueued on the compute stream has completed (`cuStreamQuery`),
+    /// for waits that must not block past a timeout.
+    pub fn stream_done(&self) -> Result<bool, CudaError> {
+        use cudarc::driver::sys::CUresult;
+        self.bind()?;
+        // SAFETY: a live stream of this context, current on this thread.
+        let r = unsafe { cudarc::driver::sys::cuStreamQuery(self.stream.cu_stream()) };
+        match r {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => drv("waiting for the stream", Err(DriverError(e))),
+        }
     }
 
     pub(crate) fn cu_stream(&self) -> cudarc::driver::sys::CUstream {

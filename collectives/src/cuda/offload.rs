@@ -145,6 +145,10 @@ impl CudaOffload {
         &mut self.gpu
     }
 
+    pub fn gpu_ref(&self) -> &Gpu {
+        &self.gpu
+    }
+
     /// The caller's mirrored buffers.
     pub fn set_mirrors(&mut self, mirrors: Vec<Mirror>) -> Result<(), OffloadError> {
         self.user = mirrors;

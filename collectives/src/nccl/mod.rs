@@ -9,7 +9,12 @@
 //! `ncclCommInitRank` then fails with NCCL's own account of why (its last error), which
 //! [`NcclError::Call`] carries.
 
+mod comm;
+
+pub use comm::{Comm, Wait};
+
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
 
 /// The environment variable that names the library's path.
 pub const LIBRARY_ENV: &str = "NCCL_LIBRARY";
@@ -40,6 +45,17 @@ impl UniqueId {
             *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
         }
         Some(UniqueId(id))
+    }
+}
+
+impl UniqueId {
+    /// A short fingerprint of the whole id (FNV-1a, 64 bits), for messages: ranks that
+    /// print the same one joined with the same id.
+    pub fn digest(&self) -> String {
+        let h = self.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("{h:016x}")
     }
 }
 
@@ -74,6 +90,14 @@ impl Version {
     }
 }
 
+impl Version {
+    /// The code `ncclGetVersion` gives (major × 10000 + minor × 100 + patch), as nccl-tests
+    /// prints it in `nccl-library=`.
+    pub fn code(&self) -> u32 {
+        self.major * 10000 + self.minor * 100 + self.patch
+    }
+}
+
 impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
@@ -102,6 +126,26 @@ pub enum NcclError {
         what: String,
         last: String,
     },
+    /// [`Nccl::global`] failed earlier in this process; the words are that failure's.
+    #[error("{0}")]
+    Unavailable(String),
+    /// An operation did not complete in time (`-T`); the communicator was aborted.
+    #[error(
+        "{what} did not complete within {secs:.0} s; the communicator was aborted (ncclCommAbort)"
+    )]
+    Timeout { what: String, secs: f64 },
+    /// NCCL reported an error asynchronously while an operation ran (a peer failed, the
+    /// network broke).
+    #[error("{what} failed on the device: {error} (ncclResult_t {code}){}", last_error(.last))]
+    Async {
+        what: String,
+        code: i32,
+        error: String,
+        last: String,
+    },
+    /// A type or operation NCCL has no counterpart for.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 fn last_error(last: &str) -> String {
@@ -114,10 +158,38 @@ fn last_error(last: &str) -> String {
 
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> c_int;
-type CommInitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> c_int;
-type CommFinish = unsafe extern "C" fn(*mut c_void) -> c_int;
+type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> c_int;
+type CommFinish = unsafe extern "C" fn(RawComm) -> c_int;
 type GetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
-type GetLastError = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type GetLastError = unsafe extern "C" fn(RawComm) -> *const c_char;
+type CommSplit = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut c_void) -> c_int;
+type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut c_int) -> c_int;
+pub(crate) type AllReduce =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type Reduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    RawComm,
+    Stream,
+) -> c_int;
+type Broadcast =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type AllGather =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, Stream) -> c_int;
+type Send = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type Group = unsafe extern "C" fn() -> c_int;
+type PreMulSum = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, RawComm) -> c_int;
+type RedOpDestroy = unsafe extern "C" fn(c_int, RawComm) -> c_int;
+
+/// `ncclComm_t`.
+pub(crate) type RawComm = *mut c_void;
+/// `cudaStream_t` (the driver's `CUstream`: the same handle).
+pub type Stream = *mut c_void;
 
 /// The opened library and the functions busbw calls.
 pub struct Nccl {
@@ -129,11 +201,29 @@ pub struct Nccl {
     comm_abort: CommFinish,
     get_error_string: GetErrorString,
     get_last_error: GetLastError,
+    pub(crate) comm_split: CommSplit,
+    pub(crate) get_async_error: CommGetAsyncError,
+    pub(crate) all_reduce: AllReduce,
+    pub(crate) reduce: Reduce,
+    pub(crate) broadcast: Broadcast,
+    pub(crate) all_gather: AllGather,
+    pub(crate) reduce_scatter: AllReduce,
+    pub(crate) send: Send,
+    pub(crate) recv: Recv,
+    pub(crate) group_start: Group,
+    pub(crate) group_end: Group,
+    pub(crate) premul_sum: PreMulSum,
+    pub(crate) red_op_destroy: RedOpDestroy,
 }
 
 // SAFETY: the functions are NCCL's thread-safe entry points; the handle is never closed.
-unsafe impl Send for Nccl {}
+unsafe impl std::marker::Send for Nccl {}
 unsafe impl Sync for Nccl {}
+
+/// The library [`Nccl::open`] found, opened once per process: NCCL's own threads outlive
+/// any one communicator, so the handle is never closed and every rank of the process shares
+/// it.
+static GLOBAL: OnceLock<Result<Nccl, String>> = OnceLock::new();
 
 impl Nccl {
     /// `NCCL_LIBRARY` when set, else the soname through the loader's search path.
@@ -141,6 +231,15 @@ impl Nccl {
         match std::env::var(LIBRARY_ENV) {
             Ok(p) if !p.trim().is_empty() => Nccl::open_path(p.trim()),
             _ => Nccl::open_path(SONAME),
+        }
+    }
+
+    /// The process's library ([`Nccl::open`] on first use; a failure is remembered and
+    /// repeated, in the same words, to every later caller).
+    pub fn global() -> Result<&'static Nccl, NcclError> {
+        match GLOBAL.get_or_init(|| Nccl::open().map_err(|e| e.to_string())) {
+            Ok(n) => Ok(n),
+            Err(why) => Err(NcclError::Unavailable(why.clone())),
         }
     }
 
@@ -180,30 +279,36 @@ impl Nccl {
                 Ok(p)
             }
         };
-        // SAFETY: each symbol is NCCL's function of that name, whose C signature the type
-        // spells (nccl.h).
-        unsafe {
-            Ok(Nccl {
-                path: path.to_string(),
-                get_version: std::mem::transmute::<*mut c_void, GetVersion>(sym("ncclGetVersion")?),
-                get_unique_id: std::mem::transmute::<*mut c_void, GetUniqueId>(sym(
-                    "ncclGetUniqueId",
-                )?),
-                comm_init_rank: std::mem::transmute::<*mut c_void, CommInitRank>(sym(
-                    "ncclCommInitRank",
-                )?),
-                comm_destroy: std::mem::transmute::<*mut c_void, CommFinish>(sym(
-                    "ncclCommDestroy",
-                )?),
-                comm_abort: std::mem::transmute::<*mut c_void, CommFinish>(sym("ncclCommAbort")?),
-                get_error_string: std::mem::transmute::<*mut c_void, GetErrorString>(sym(
-                    "ncclGetErrorString",
-                )?),
-                get_last_error: std::mem::transmute::<*mut c_void, GetLastError>(sym(
-                    "ncclGetLastError",
-                )?),
-            })
+        macro_rules! f {
+            ($name:literal, $ty:ty) => {
+                // SAFETY: the symbol is NCCL's function of that name, whose C signature the
+                // type spells (nccl.h).
+                unsafe { std::mem::transmute::<*mut c_void, $ty>(sym($name)?) }
+            };
         }
+        Ok(Nccl {
+            path: path.to_string(),
+            get_version: f!("ncclGetVersion", GetVersion),
+            get_unique_id: f!("ncclGetUniqueId", GetUniqueId),
+            comm_init_rank: f!("ncclCommInitRank", CommInitRank),
+            comm_destroy: f!("ncclCommDestroy", CommFinish),
+            comm_abort: f!("ncclCommAbort", CommFinish),
+            get_error_string: f!("ncclGetErrorString", GetErrorString),
+            get_last_error: f!("ncclGetLastError", GetLastError),
+            comm_split: f!("ncclCommSplit", CommSplit),
+            get_async_error: f!("ncclCommGetAsyncError", CommGetAsyncError),
+            all_reduce: f!("ncclAllReduce", AllReduce),
+            reduce: f!("ncclReduce", Reduce),
+            broadcast: f!("ncclBroadcast", Broadcast),
+            all_gather: f!("ncclAllGather", AllGather),
+            reduce_scatter: f!("ncclReduceScatter", AllReduce),
+            send: f!("ncclSend", Send),
+            recv: f!("ncclRecv", Recv),
+            group_start: f!("ncclGroupStart", Group),
+            group_end: f!("ncclGroupEnd", Group),
+            premul_sum: f!("ncclRedOpCreatePreMulSum", PreMulSum),
+            red_op_destroy: f!("ncclRedOpDestroy", RedOpDestroy),
+        })
     }
 
     /// Where the library was opened from, as given.
@@ -247,57 +352,51 @@ impl Nccl {
                 })
             }
         };
-        let mut raw: *mut c_void = std::ptr::null_mut();
+        let mut raw: RawComm = std::ptr::null_mut();
         // SAFETY: an out-pointer to a communicator handle and the id by value, as nccl.h says.
         let res = unsafe { (self.comm_init_rank)(&mut raw, n, id, r) };
         self.check("ncclCommInitRank", res, std::ptr::null_mut())?;
-        Ok(Comm { nccl: self, raw })
+        Ok(Comm::new(self, raw, rank, nranks))
     }
 
-    fn check(&self, call: &'static str, code: c_int, comm: *mut c_void) -> Result<(), NcclError> {
+    pub(crate) fn check(
+        &self,
+        call: &'static str,
+        code: c_int,
+        comm: RawComm,
+    ) -> Result<(), NcclError> {
         if code == 0 {
             return Ok(());
         }
-        // SAFETY: NCCL returns static strings (or null) for any code and any communicator,
-        // null included.
-        let (what, last) = unsafe {
-            (
-                text((self.get_error_string)(code)),
-                text((self.get_last_error)(comm)),
-            )
-        };
         Err(NcclError::Call {
             call,
             code,
-            what,
-            last,
+            what: self.error_string(code),
+            last: self.last_error(comm),
         })
     }
-}
 
-/// An NCCL communicator, destroyed when dropped.
-pub struct Comm<'a> {
-    nccl: &'a Nccl,
-    raw: *mut c_void,
-}
-
-impl Comm<'_> {
-    /// Ends the communicator at once, abandoning operations in flight (a peer stopped
-    /// answering): `ncclCommAbort`.
-    pub fn abort(mut self) -> Result<(), NcclError> {
-        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        // SAFETY: a communicator ncclCommInitRank made, ended once.
-        let r = unsafe { (self.nccl.comm_abort)(raw) };
-        self.nccl.check("ncclCommAbort", r, std::ptr::null_mut())
+    /// NCCL's words for result `code`.
+    pub(crate) fn error_string(&self, code: c_int) -> String {
+        // SAFETY: NCCL returns a static string (or null) for any code.
+        unsafe { text((self.get_error_string)(code)) }
     }
-}
 
-impl Drop for Comm<'_> {
-    fn drop(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: a communicator ncclCommInitRank made, ended once.
-            unsafe { (self.nccl.comm_destroy)(self.raw) };
-        }
+    /// NCCL's last error on `comm` (null: the thread's last).
+    pub(crate) fn last_error(&self, comm: RawComm) -> String {
+        // SAFETY: NCCL returns a static string (or null) for any communicator, null included.
+        unsafe { text((self.get_last_error)(comm)) }
+    }
+
+    pub(crate) fn destroy(&self, raw: RawComm) {
+        // SAFETY: a communicator NCCL made, ended once (the caller forgets it).
+        unsafe { (self.comm_destroy)(raw) };
+    }
+
+    pub(crate) fn abort_raw(&self, raw: RawComm) -> Result<(), NcclError> {
+        // SAFETY: a communicator NCCL made, ended once (the caller forgets it).
+        let r = unsafe { (self.comm_abort)(raw) };
+        self.check("ncclCommAbort", r, std::ptr::null_mut())
     }
 }
 
@@ -324,6 +423,7 @@ mod tests {
     fn versions_decode_both_encodings() {
         assert_eq!(Version::from_code(23203).to_string(), "2.32.3");
         assert_eq!(Version::from_code(2708).to_string(), "2.7.8");
+        assert_eq!(Version::from_code(23203).code(), 23203);
     }
 
     #[test]

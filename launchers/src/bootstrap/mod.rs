@@ -261,6 +261,50 @@ impl Bootstrap {
             .map_err(|e| BootstrapError::Rank0(format!("malformed objections: {e}")))
     }
 
+    /// Rank 0's value under `key`, on every rank: what the whole job must use the same of
+    /// (NCCL's unique id). Rank 0 passes what it made, or why it could not, and every rank
+    /// returns the value or fails with rank 0's reason; the others' `made` is ignored. A rank
+    /// 0 that never publishes is named when the wait runs out.
+    pub fn share_root(
+        &self,
+        key: &str,
+        made: Result<&[u8], String>,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        if self.rank == 0 {
+            let value = match made {
+                Ok(v) => [b".".as_slice(), v].concat(),
+                Err(why) => {
+                    let _ = self.store.set(key, format!("{FAILED}{why}").as_bytes());
+                    return Err(BootstrapError::Rank0(why));
+                }
+            };
+            self.store.set(key, &value)?;
+            return Ok(value[1..].to_vec());
+        }
+        let text = match self.store.wait(&[key], self.timeout) {
+            Ok(mut v) => v.swap_remove(0),
+            Err(e @ StoreError::Timeout { .. }) => {
+                return Err(BootstrapError::NeverRegistered {
+                    who: format!("rank 0 never published {key}"),
+                    source: e,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(why) = text.strip_prefix(FAILED.as_bytes()) {
+            return Err(BootstrapError::Rank0(
+                String::from_utf8_lossy(why).into_owned(),
+            ));
+        }
+        match text.strip_prefix(b".") {
+            Some(v) => Ok(v.to_vec()),
+            None => Err(BootstrapError::Malformed {
+                rank: 0,
+                why: format!("{key} is not a shared value"),
+            }),
+        }
+    }
+
     fn publish(&self, prefix: &str, value: &[u8]) -> Result<(), BootstrapError> {
         Ok(self.store.set(&format!("{prefix}/{}", self.rank), value)?)
     }

@@ -238,6 +238,60 @@ fn every_rank_learns_every_objection() {
     }
 }
 
+#[test]
+fn rank_0s_value_reaches_every_rank_byte_for_byte_or_its_failure_does() {
+    let n = 5;
+    let id: Vec<u8> = (0..128u32).map(|i| (i * 37 % 256) as u8).collect();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let out = job(n, &[], &|_| store.clone(), T, &|boot| {
+        let made = if boot.rank() == 0 {
+            id.as_slice()
+        } else {
+            b"not mine".as_slice()
+        };
+        boot.share_root("nccl/id", Ok(made)).unwrap()
+    });
+    assert_eq!(out.len(), n);
+    for (r, got) in out {
+        assert_eq!(got, id, "rank {r}");
+    }
+    // Rank 0 could not make one: every rank says why.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let out = job(3, &[], &|_| store.clone(), T, &|boot| {
+        let made = if boot.rank() == 0 {
+            Err("ncclGetUniqueId failed: no network".to_string())
+        } else {
+            Ok(b"x".as_slice())
+        };
+        boot.share_root("nccl/id", made).unwrap_err().to_string()
+    });
+    for (r, e) in out {
+        assert!(
+            e.contains("ncclGetUniqueId failed: no network"),
+            "rank {r}: {e}"
+        );
+    }
+    // Rank 0 never comes: it is named.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let out = job(
+        3,
+        &[0],
+        &|_| store.clone(),
+        Duration::from_millis(200),
+        &|boot| {
+            boot.share_root("nccl/id", Ok(b"x"))
+                .unwrap_err()
+                .to_string()
+        },
+    );
+    for (r, e) in out {
+        assert!(
+            e.contains("rank 0 never published nccl/id"),
+            "rank {r}: {e}"
+        );
+    }
+}
+
 /// The bytes a rank (other than rank 0) fetches to start: the verdict, the layout and its
 /// neighbours' records. They depend on the job's shape, not its size.
 fn fetched_per_rank(n: usize) -> (u64, u64) {

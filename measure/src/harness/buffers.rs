@@ -163,8 +163,7 @@ impl Memory for DeviceMem {
         spec: &CollectiveSpec,
         ctx: &DataCtx,
     ) -> Result<()> {
-        self.validate(comm, spec.init, spec.run, ctx, 0..0, false)
-            .map(drop)
+        self.validate(comm, spec, ctx, 0..0, false).map(drop)
     }
     fn op(
         &mut self,
@@ -174,7 +173,7 @@ impl Memory for DeviceMem {
         off: usize,
         timed: bool,
     ) -> Result<Option<f64>> {
-        DeviceMem::op(self, comm, spec.run, ctx, off, off, timed)
+        DeviceMem::op(self, comm, spec, ctx, off, off, timed)
     }
     fn validate(
         &mut self,
@@ -184,6 +183,6 @@ impl Memory for DeviceMem {
         checked: std::ops::Range<usize>,
         corrupt: bool,
     ) -> Result<u64> {
-        DeviceMem::validate(self, comm, spec.init, spec.run, vctx, checked, corrupt)
+        DeviceMem::validate(self, comm, spec, vctx, checked, corrupt)
     }
 }

@@ -275,6 +275,11 @@ pub static ALLTOALLV: CollectiveSpec = CollectiveSpec {
         let (sends, recvs) = cfg().row_col(ctx.rank, ctx.nranks, t);
         coll::alltoallv(comm, d, &sends, &recvs)
     },
+    nccl: |c, ctx| {
+        let t = total(ctx.counts.count, ctx.dtype, ctx.nranks);
+        let (sends, recvs) = cfg().row_col(ctx.rank, ctx.nranks, t);
+        super::nccl::alltoallv(c, ctx, &sends, &recvs)
+    },
     skip: |_| None,
     comments: summary,
     prepare,

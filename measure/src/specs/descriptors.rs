@@ -97,6 +97,7 @@ pub static ALL_REDUCE: CollectiveSpec = CollectiveSpec {
         )
         .map(|_| ())
     },
+    nccl: super::nccl::all_reduce,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -141,6 +142,7 @@ pub static ALL_GATHER: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::all_gather(comm, d, ctx.counts.count, ctx.dtype)
     },
+    nccl: super::nccl::all_gather,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -171,6 +173,7 @@ pub static BROADCAST: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::broadcast(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
+    nccl: super::nccl::broadcast,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -219,6 +222,7 @@ pub static REDUCE_SCATTER: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::reduce_scatter(comm, d, ctx.counts.count, ctx.dtype, ctx.op)
     },
+    nccl: super::nccl::reduce_scatter,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -255,6 +259,7 @@ pub static REDUCE: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::reduce(comm, d, ctx.counts.count, ctx.dtype, ctx.op, ctx.root)
     },
+    nccl: super::nccl::reduce,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -306,6 +311,7 @@ pub static ALLTOALL: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::alltoall(comm, d, ctx.counts.count, ctx.dtype)
     },
+    nccl: super::nccl::alltoall,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -343,6 +349,7 @@ pub static SCATTER: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::scatter(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
+    nccl: super::nccl::scatter,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -386,6 +393,7 @@ pub static GATHER: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::gather(comm, d, ctx.counts.count, ctx.dtype, ctx.root)
     },
+    nccl: super::nccl::gather,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -415,6 +423,7 @@ pub static SENDRECV: CollectiveSpec = CollectiveSpec {
         let d = data(ctx, send, recv, space);
         coll::sendrecv(comm, d, ctx.counts.count, ctx.dtype)
     },
+    nccl: super::nccl::sendrecv,
     skip: no_skip,
     comments: super::no_comments,
     prepare: super::no_settings,
@@ -443,6 +452,7 @@ pub static HYPERCUBE: CollectiveSpec = CollectiveSpec {
             ctx.dtype,
         )
     },
+    nccl: super::nccl::hypercube,
     skip: |n| (!n.is_power_of_two()).then(|| format!("nRanks {n} is not a power of 2, skipping")),
     comments: super::no_comments,
     prepare: super::no_settings,

@@ -5,6 +5,7 @@
 pub mod alltoallv;
 mod data;
 mod descriptors;
+pub mod nccl;
 
 use busbw_collectives::select::{Algo, CostModel};
 use busbw_collectives::verifiable::{fill_expected, fill_input};
@@ -195,6 +196,8 @@ pub struct CollectiveSpec {
     /// Whether in-place results are validated (nccl-tests does not for alltoall).
     pub checks_in_place: bool,
     pub run: RunFn,
+    /// The same collective on NCCL's calls (`--engine nccl`).
+    pub nccl: nccl::NcclFn,
     /// A reason to skip the whole test at this rank count (hypercube needs a power of two).
     pub skip: fn(nranks: usize) -> Option<String>,
     /// Lines printed before a row, from a placement's context and its time in seconds

@@ -238,6 +238,7 @@ pub fn header() -> RunHeader {
         timestamps: false,
         blocking: 0,
         parallel_init: false,
+        data_path: None,
     }
 }
 
