@@ -127,8 +127,8 @@ GOAL[fuzz]="no crash, hang or accepted forgery in the network- and user-facing p
 PEER[fuzz]="-"
 GOAL[soak]="every run ends validated or in a clean failure naming the rank; nothing left behind"
 PEER[soak]="-"
-GOAL[gpu]="every collective validated on device buffers (issue 10); kernels vs device copy"
-PEER[gpu]="device-to-device copy"
+GOAL[gpu]="every collective validated on device buffers (issues 10, 38); kernels vs device copy; \`--engine nccl\` beside nccl-tests"
+PEER[gpu]="device-to-device copy; nccl-tests"
 
 skip() { # target, need (or, with a third argument, the whole reason)
     FIG[$1]="not measured (${3:-needs $2})"
