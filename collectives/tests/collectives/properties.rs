@@ -51,7 +51,7 @@ proptest! {
         } else {
             ThreadTransport::Inproc
         };
-        let d = Dev { jitter: Duration::from_micros(30), direct };
+        let d = Dev { jitter: Duration::from_micros(30), direct, ipc: None };
         let res = run_case_on(case, seg, window, transport, Some(d));
         let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
         prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window} {d:?} {transport:?}: wrong per rank {wrong:?}");
