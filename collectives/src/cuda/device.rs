@@ -414,6 +414,10 @@ impl Gpu {
         drv("making the context current", self.ctx.bind_to_thread())
     }
 
+    pub(crate) fn cu_device(&self) -> cudarc::driver::sys::CUdevice {
+        self.ctx.cu_device()
+    }
+
     pub(crate) fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
         self.stream.cu_stream()
     }

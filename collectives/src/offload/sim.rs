@@ -6,9 +6,9 @@
 //!
 //! Peer memory ([`SimDevice::ipc`]) is modelled on CUDA IPC: every allocation is entered in
 //! a process-wide registry under an id never reused, a handle names the id, and opening it
-//! takes a reference that keeps the memory alive until the mapping is closed, as
-//! `cuIpcOpenMemHandle` does; a handle whose owner has already freed its allocation fails
-//! to open, naming the handle. Devices of one island can reach each other (peer devices of
+//! takes a reference until the mapping is closed. Both misuses CUDA leaves undefined fail
+//! loudly here: opening a handle whose owner has freed its allocation (the error names the
+//! handle), and freeing an allocation a peer still has open. Devices of one island can reach each other (peer devices of
 //! one process share host memory, so an opened address is the owner's), devices of two
 //! islands cannot.
 
@@ -281,7 +281,8 @@ impl SimDevice {
     }
 
     /// Frees the allocation at `dev` (after the work issued so far): its handles no longer
-    /// open, while peers that opened it keep it until they close their mappings.
+    /// open. Refused while a peer has it open (CUDA leaves that undefined): the peers close
+    /// their mappings first.
     pub fn free(&mut self, dev: u64) -> Result<(), OffloadError> {
         self.sync()?;
         let i = self
@@ -289,6 +290,14 @@ impl SimDevice {
             .iter()
             .position(|a| a.base() == dev)
             .ok_or_else(|| OffloadError(format!("no allocation starts at device {dev:#x}")))?;
+        let peers = Arc::strong_count(&self.memory[i]) - 1;
+        if peers > 0 {
+            return Err(OffloadError(format!(
+                "freeing device {dev:#x} (IPC handle sim#{}) while {peers} peer mapping(s) \
+                 still hold it: peers close their mappings first (peer::release)",
+                self.memory[i].id
+            )));
+        }
         self.memory.swap_remove(i);
         Ok(())
     }

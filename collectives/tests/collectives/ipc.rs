@@ -9,7 +9,8 @@ use busbw_collectives::algorithms::peer;
 use busbw_collectives::offload::sim::{Counts, SimDevice};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::{
-    all_reduce, CommConfig, Communicator, Data, DataType, MemorySpace, Mirror, Offload, ReduceOp,
+    all_reduce, barrier, CommConfig, Communicator, Data, DataType, MemorySpace, Mirror, Offload,
+    ReduceOp,
 };
 use std::time::Duration;
 
@@ -140,7 +141,8 @@ fn peer_world(n: usize, map_peers: bool) -> Vec<Communicator> {
 
 /// The path really runs: peers' buffers are opened once and kept open between calls on the
 /// same buffers, the result is made by device reductions and copies, no twin is touched,
-/// and the communicator counts the calls as GPU to GPU.
+/// and the communicator counts the calls as GPU to GPU; the buffers can be freed once every
+/// rank released its mappings.
 #[test]
 fn peers_buffers_are_opened_once_and_nothing_is_staged() {
     let (n, count) = (3, 1000);
@@ -154,11 +156,17 @@ fn peers_buffers_are_opened_once_and_nothing_is_staged() {
         let first = sum_on(comm, &mut r, count);
         let second = sum_on(comm, &mut r, count);
         let (ran, staged, why) = peer::tally(comm);
+        let tally = (ran, staged, why.map(str::to_string));
+        // Peers still hold our buffers: freeing waits for every rank's release.
+        assert!(r.sim.free(r.dev[0]).is_err());
+        barrier(comm).unwrap();
+        peer::release(comm, &mut r.sim).unwrap();
+        r.sim.free(r.dev[0]).unwrap();
         (
             first,
             second,
             r.sim.counts(),
-            (ran, staged, why.map(str::to_string)),
+            tally,
             r.send.iter().chain(&r.recv).all(|&b| b == 0),
         )
     });
@@ -177,12 +185,12 @@ fn peers_buffers_are_opened_once_and_nothing_is_staged() {
 }
 
 /// A handle is opened through the owner's allocation: once the owner has freed it, opening
-/// fails with an error naming the handle; a mapping made before the free keeps the memory
-/// alive, as CUDA IPC's does, so reading it stays sound.
+/// fails with an error naming the handle; and an owner may not free an allocation a peer
+/// still has open (CUDA leaves both undefined), only after the peer closed its mapping.
 #[test]
 fn a_handle_opened_after_its_owner_freed_the_buffer_fails_loudly() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (to_peer, from_owner) = std::sync::mpsc::channel();
+    let (to_owner, from_peer) = std::sync::mpsc::channel::<()>();
     let owner = std::thread::spawn(move || {
         let mut sim = SimDevice::new(Duration::ZERO, 1).ipc(0);
         let kept = sim.alloc(64).unwrap();
@@ -192,33 +200,39 @@ fn a_handle_opened_after_its_owner_freed_the_buffer_fails_loudly() {
             sim.export_peer(kept, 64).unwrap(),
             sim.export_peer(freed + 8, 16).unwrap(),
         );
-        tx.send(handles).unwrap();
-        // The peer has opened `kept`; now both buffers go.
-        done_rx.recv().unwrap();
+        to_peer.send(handles).unwrap();
+        from_peer.recv().unwrap(); // the peer has opened `kept`
         sim.free(freed).unwrap();
+        let e = sim.free(kept).unwrap_err().to_string();
+        assert!(e.contains("still hold it") && e.contains("sim#"), "{e}");
+        to_peer.send(handles).unwrap();
+        from_peer.recv().unwrap(); // the peer has closed its mappings
         sim.free(kept).unwrap();
         assert!(sim.free(kept).is_err(), "freed twice");
-        tx.send(handles).unwrap();
+        to_peer.send(handles).unwrap();
     });
     let mut peer = SimDevice::new(Duration::ZERO, 2).ipc(0);
-    let (kept, _) = rx.recv().unwrap();
+    let (kept, _) = from_owner.recv().unwrap();
     let at = peer.open_peer(&kept).unwrap();
-    done_tx.send(()).unwrap();
-    let (_, freed) = rx.recv().unwrap();
-    owner.join().unwrap();
+    let local = peer.alloc(64).unwrap();
+    peer.copy_on_device(local, at, 64).unwrap();
+    assert_eq!(peer.read(local, 64).unwrap(), vec![9u8; 64]);
+    to_owner.send(()).unwrap();
+    let (_, freed) = from_owner.recv().unwrap();
     let e = peer.open_peer(&freed).unwrap_err().to_string();
     assert!(
         e.contains("IPC handle sim#") && e.contains("+8 bytes") && e.contains("freed"),
         "{e}"
     );
-    // The mapping made before the free still reads the owner's data.
-    let local = peer.alloc(64).unwrap();
-    peer.copy_on_device(local, at, 64).unwrap();
-    assert_eq!(peer.read(local, 64).unwrap(), vec![9u8; 64]);
-    // Once closed, the address is no longer the peer's to touch.
     peer.close_peers();
+    // Once closed, the address is no longer the peer's to touch.
     let e = peer.copy_on_device(local, at, 64).unwrap_err().to_string();
     assert!(e.contains("nor a peer's opened here"), "{e}");
+    to_owner.send(()).unwrap();
+    let (kept, _) = from_owner.recv().unwrap();
+    owner.join().unwrap();
+    let e = peer.open_peer(&kept).unwrap_err().to_string();
+    assert!(e.contains("freed"), "{e}");
 }
 
 /// Where some device cannot reach another, or a device offers no peer memory, or the job

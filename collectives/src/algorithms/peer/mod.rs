@@ -154,6 +154,30 @@ pub fn agree(
     Ok(why(comm).map(str::to_string))
 }
 
+/// Closes every rank's mappings of its peers' buffers, and returns once all have (every
+/// rank calls it, like a collective): before an owner frees or replaces device buffers its
+/// peers may have open, since CUDA leaves freeing memory another process has mapped
+/// undefined. Nothing to do (and no message) where the path is not in use.
+pub fn release(comm: &mut Communicator, device: &mut dyn Offload) -> Result<(), CommError> {
+    let mut st = std::mem::take(comm.kept::<Peers>());
+    let r = (|| {
+        if st.agreed != Agreed::Yes {
+            return Ok(());
+        }
+        device.close_peers();
+        st.keys.clear();
+        fence(
+            comm,
+            &mut st,
+            true,
+            "peer::release",
+            "peer memory: released",
+        )
+    })();
+    *comm.kept::<Peers>() = st;
+    r
+}
+
 /// Runs the call GPU to GPU when its data is on a device and the ranks agreed to use peer
 /// memory; returns the data untouched (`Some`) when the call must run another way: host
 /// data (one test, the common case), one rank, nothing to move, or no agreement.
