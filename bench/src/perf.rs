@@ -431,7 +431,7 @@ fn sweep(
             let mut d = DeviceMem::open(slot)
                 .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
             session.publish_gpu(&d.line(), plan.timeout)?;
-            let path = d.choose_path(&session.comm);
+            let path = d.choose_path(&mut session.comm)?;
             if rank0 {
                 eprintln!("busbw: device buffers: {path} ({})", session.transport_name);
             }

@@ -9,8 +9,8 @@ use busbw_collectives::algorithms::peer;
 use busbw_collectives::offload::sim::{Counts, SimDevice};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::{
-    all_reduce, barrier, CommConfig, Communicator, Data, DataType, MemorySpace, Mirror, Offload,
-    ReduceOp,
+    all_reduce, barrier, gather, CommConfig, Communicator, Data, DataType, MemorySpace, Mirror,
+    Offload, ReduceOp,
 };
 use std::time::Duration;
 
@@ -300,4 +300,44 @@ fn ranks_decide_together() {
     let k = sum(&res);
     assert_eq!(k.peer_opens, 0, "{k:?}");
     assert!(k.downloads > 0, "{k:?}");
+}
+
+/// A non-root's unused side of Gather (its receive buffer) may be empty: nothing is
+/// exported or opened for it, and the call still runs GPU to GPU.
+#[test]
+fn an_empty_side_of_a_rooted_call_is_not_exported() {
+    let count = 16;
+    let res = run_threads(peer_world(2, true), |comm| {
+        let me = comm.rank();
+        let mut sim = SimDevice::new(Duration::ZERO, me as u64).ipc(0);
+        let (sb, rb) = (count * 4, if me == 0 { 2 * count * 4 } else { 0 });
+        // Empty, but at an aligned address (Data checks alignment): a slice of nothing.
+        let (mut send, mut recv) = (vec![0u8; sb], vec![0u8; rb.max(8)]);
+        let ds = sim.alloc(sb).unwrap();
+        sim.write(ds, &ones(count, me as f32 + 1.0)).unwrap();
+        let mut mirrors = vec![Mirror {
+            host: send.as_mut_ptr(),
+            device: ds,
+            len: sb,
+        }];
+        let dr = sim.alloc(rb).unwrap();
+        if rb > 0 {
+            mirrors.push(Mirror {
+                host: recv.as_mut_ptr(),
+                device: dr,
+                len: rb,
+            });
+        }
+        sim.set_mirrors(mirrors).unwrap();
+        let d = Data::out_of_place(&send, &mut recv[..rb]).on(MemorySpace::Device(&mut sim));
+        gather(comm, d, count, DataType::Float32, 0).unwrap();
+        let got = sim.read(dr, rb).unwrap();
+        (got, sim.counts(), peer::tally(comm).0)
+    });
+    let mut want = ones(count, 1.0);
+    want.extend(ones(count, 2.0));
+    assert_eq!(res[0].0, want);
+    for (_, k, ran) in &res {
+        assert_eq!((k.downloads, k.uploads, *ran), (0, 0, 1), "{k:?}");
+    }
 }

@@ -387,7 +387,11 @@ unsafe fn run(
             .map_err(dev_err("mulsum premultiplication"))?;
     }
     let mirrors = d.mirrors();
-    let at = |p: *const u8, len: usize| device_of(mirrors, p, len);
+    // An empty range (a non-root's send of Scatter, receive of Gather) is never exported.
+    let at = |p: *const u8, len: usize| match len {
+        0 => Ok(0),
+        _ => device_of(mirrors, p, len),
+    };
     let (src_dev, dst_dev, acc) = (|| {
         let acc = match acc_host {
             Some(p) => at(p, acc_bytes)?,
