@@ -10,8 +10,11 @@
 #
 # 1. Every collective with device buffers (-g 1) on 1, 2 and 4 local ranks sharing the GPU
 #    (NCCL_TESTS_DEVICE=0 unless set), every type, validated; the reductions also with every
-#    op; AllReduce 2 ranks once more over TCP (the other multi-rank runs use shared memory),
-#    and 4 ranks with the tree and with recursive doubling (every op).
+#    op. Over shared memory these run GPU to GPU (CUDA IPC between the rank processes) where
+#    the driver allows it; rank 0's path line, printed once below, says which. AllReduce 2
+#    ranks once more over TCP, and 4 ranks with the tree and with recursive doubling (every
+#    op) over TCP too: a named transport stages device data through pinned host memory, so
+#    these check the staged engines on the device.
 # 2. `busbw gpu-bench`: each reduction kernel's bandwidth against a device-to-device copy.
 #
 # Prints one line per run, then the kernel table last. Exit 0 only if every run exited 0
@@ -72,9 +75,11 @@ for np in 1 2 4; do
     done
 done
 check all_reduce_perf 2 -b 8 -e "$MAX" -f 32 -d all --transport tcp
-# The tree drives the device like the ring; recursive doubling is staged around the call.
-check all_reduce_perf 4 -b 8 -e "$MAX" -f 32 -d all -o all --algo tree
-check all_reduce_perf 4 -b 8 -e "$MAX" -f 32 -d all -o all --algo rd
+# Staged: the tree drives the device like the ring; recursive doubling is staged around the call.
+check all_reduce_perf 4 -b 8 -e "$MAX" -f 32 -d all -o all --algo tree --transport tcp
+check all_reduce_perf 4 -b 8 -e "$MAX" -f 32 -d all -o all --algo rd --transport tcp
+# Which path the local ranks took (GPU to GPU, or staged and why not).
+grep -h -m1 'device buffers:' "$LOG"/all_reduce_perf-2-*.txt 2>/dev/null | head -n 1 | sed 's/^/# path: /'
 
 echo "# $runs collective runs, $failed failed, $((SECONDS - start)) s"
 echo "#"
