@@ -166,13 +166,7 @@ pub fn release(comm: &mut Communicator, device: &mut dyn Offload) -> Result<(), 
         }
         device.close_peers();
         st.keys.clear();
-        fence(
-            comm,
-            &mut st,
-            true,
-            "peer::release",
-            "peer memory: released",
-        )
+        fence(comm, &mut st, true, "peer memory: released").map(drop)
     })();
     *comm.kept::<Peers>() = st;
     r
@@ -438,8 +432,8 @@ unsafe fn run(
     }
     let any_in_place = st.descs.iter().any(|x| x[5] == 1);
     let handle = |x: &[u64; WORDS], i: usize| {
-        let at = 7 + i * PeerHandle::WORDS;
-        PeerHandle::from_words(&x[at..at + PeerHandle::WORDS])
+        let w = 7 + i * PeerHandle::WORDS;
+        PeerHandle::from_words(&x[w..w + PeerHandle::WORDS])
     };
 
     // Mappings of allocations no longer in use go before new ones are made.
@@ -495,54 +489,50 @@ unsafe fn run(
     if any_in_place && matches!(c.kind, Kind::Alltoall | Kind::SendRecv) {
         // Our output is a peer's input: every rank has read what it needs first.
         note(d.sync(), &mut failed);
-        fence(comm, st, failed.is_none(), c.name, "peer memory: read")?;
+        if let Some(p) = fence(comm, st, failed.is_none(), "peer memory: read")? {
+            // Still to the final exchange, which the others wait for.
+            failed.get_or_insert(format!(
+                "rank {p} failed on peer memory, so the result is incomplete (its own error \
+                 says why)"
+            ));
+        }
         if failed.is_none() {
             note(d.copy_on_device(r.dst[me], acc, rb).map(drop), &mut failed);
         }
     }
     note(d.sync(), &mut failed);
-    let ok = failed.is_none();
-    st.flags.clear();
-    st.flags.resize(n, 0);
-    st.flags[me] = u8::from(ok);
-    all_to_all(comm, &mut st.flags, "peer memory: finishing")?;
+    let peer = fence(comm, st, failed.is_none(), "peer memory: finishing")?;
     if let Some(cause) = failed {
         return Err(CommError::Invalid(format!(
             "rank {me}: {}: {cause}",
             c.name
         )));
     }
-    if let Some(p) = st.flags.iter().position(|&f| f == 0) {
-        return Err(peer_failed(me, c.name, p));
+    if let Some(p) = peer {
+        return Err(CommError::Invalid(format!(
+            "rank {me}: {}: rank {p} failed on peer memory, so the result is incomplete (its \
+             own error says why)",
+            c.name
+        )));
     }
     Ok(())
 }
 
-fn peer_failed(me: usize, name: &str, p: usize) -> CommError {
-    CommError::Invalid(format!(
-        "rank {me}: {name}: rank {p} failed on peer memory, so the result is incomplete (its \
-         own error says why)"
-    ))
-}
-
-/// An exchange of flags that orders the call's phases: every rank has done its part.
+/// An exchange of flags that orders the call's phases: every rank has done its part (`ok`:
+/// without failing). Returns the first rank that failed, if one did.
 fn fence(
     comm: &mut Communicator,
     st: &mut Peers,
     ok: bool,
-    name: &str,
     what: &'static str,
-) -> Result<(), CommError> {
-    let (n, me) = (comm.size(), comm.rank());
+) -> Result<Option<usize>, CommError> {
+    let n = comm.size();
     st.flags.clear();
     st.flags.resize(n, 0);
-    st.flags[me] = u8::from(ok);
+    st.flags[comm.rank()] = u8::from(ok);
     // SAFETY: one entry per rank.
     unsafe { all_to_all(comm, &mut st.flags, what)? };
-    match st.flags.iter().position(|&f| f == 0) {
-        Some(p) if ok => Err(peer_failed(me, name, p)),
-        _ => Ok(()),
-    }
+    Ok(st.flags.iter().position(|&f| f == 0))
 }
 
 /// What one rank's share of the work needs to know.
