@@ -197,6 +197,8 @@ pub struct SimDevice {
     number: u64,
     /// Peers' allocations opened here, kept alive until closed.
     opened: Vec<Arc<Alloc>>,
+    /// Refuse every peer handle, as a driver may.
+    refuse_opens: bool,
     user: Vec<Mirror>,
     all: Vec<Mirror>,
     staging: HostBuffer,
@@ -245,6 +247,7 @@ impl SimDevice {
             island: None,
             number: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             opened: Vec::new(),
+            refuse_opens: false,
             user: Vec::new(),
             all: Vec::new(),
             staging: empty(),
@@ -269,6 +272,13 @@ impl SimDevice {
     /// of other islands cannot reach this one, as GPUs without peer access cannot.
     pub fn ipc(mut self, island: u64) -> SimDevice {
         self.island = Some(island);
+        self
+    }
+
+    /// Refuse to open every peer handle, as a driver refusing them would: for tests of
+    /// what the ranks do when one fails.
+    pub fn refusing_opens(mut self) -> SimDevice {
+        self.refuse_opens = true;
         self
     }
 
@@ -634,6 +644,12 @@ impl Offload for SimDevice {
             }
             Ok(a.base() + h.offset)
         };
+        if self.refuse_opens {
+            return Err(OffloadError(format!(
+                "opening {}: the simulated driver refuses peer handles",
+                name()
+            )));
+        }
         if let Some(a) = self.opened.iter().find(|a| a.id == id) {
             return at(a);
         }

@@ -341,3 +341,35 @@ fn an_empty_side_of_a_rooted_call_is_not_exported() {
         assert_eq!((k.downloads, k.uploads, *ran), (0, 0, 1), "{k:?}");
     }
 }
+
+/// A rank whose peer open fails says so, naming the peer whose buffer it could not open;
+/// the others finish the call's exchanges with it and fail naming that rank, at once rather
+/// than at the timeout.
+#[test]
+fn a_failed_open_fails_every_rank_at_once_naming_who() {
+    let count = 64;
+    let started = std::time::Instant::now();
+    let res = run_threads(peer_world(3, true), |comm| {
+        let me = comm.rank();
+        let mut sim = SimDevice::new(Duration::ZERO, me as u64).ipc(0);
+        if me == 1 {
+            sim = sim.refusing_opens();
+        }
+        let mut r = rank_on(sim, count * 4, &ones(count, 1.0));
+        let d = Data::out_of_place(&r.send, &mut r.recv).on(MemorySpace::Device(&mut r.sim));
+        let e = all_reduce(comm, d, count, DataType::Float32, ReduceOp::Sum);
+        e.unwrap_err().to_string()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited for a timeout"
+    );
+    assert!(
+        res[1].contains("opening rank 0's buffer") && res[1].contains("refuses peer handles"),
+        "{}",
+        res[1]
+    );
+    for e in [&res[0], &res[2]] {
+        assert!(e.contains("rank 1 failed on peer memory"), "{e}");
+    }
+}
