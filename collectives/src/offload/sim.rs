@@ -339,10 +339,8 @@ impl SimDevice {
     /// Writes device memory (synchronously: waits for every issued operation first).
     pub fn write(&mut self, dev: u64, bytes: &[u8]) -> Result<(), OffloadError> {
         self.sync()?;
-        let i = self
-            .allocation(dev, bytes.len())
+        self.allocation(dev, bytes.len())
             .ok_or_else(|| OffloadError(format!("write outside device memory at {dev:#x}")))?;
-        let _ = i;
         // SAFETY: `allocation` checked that the range lies in a live allocation of ours; the
         // device is idle (synced), and a peer writing it meanwhile is the test's own race.
         unsafe { std::ptr::copy(bytes.as_ptr(), dev as usize as *mut u8, bytes.len()) };
@@ -352,10 +350,8 @@ impl SimDevice {
     /// Reads device memory (after every issued operation).
     pub fn read(&mut self, dev: u64, len: usize) -> Result<Vec<u8>, OffloadError> {
         self.sync()?;
-        let i = self
-            .allocation(dev, len)
+        self.allocation(dev, len)
             .ok_or_else(|| OffloadError(format!("read outside device memory at {dev:#x}")))?;
-        let _ = i;
         // SAFETY: as in write.
         Ok(unsafe { std::slice::from_raw_parts(dev as usize as *const u8, len) }.to_vec())
     }
