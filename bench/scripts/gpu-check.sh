@@ -17,8 +17,9 @@
 # 1. Own engine, two ranks on the one GPU (NCCL_TESTS_DEVICE=0 unless set: every rank on
 #    device 0), device buffers (-g 1): every collective, every type, the reductions with
 #    every op, validated. Rank 0's "busbw: device buffers:" line is kept per run and tagged
-#    [ipc] when it names IPC or peer-to-peer, [staged] otherwise; when no two-rank run went
-#    through IPC at all, that is a failure.
+#    [ipc] when it says "GPU to GPU between the ranks of this host (CUDA IPC ...)", [staged]
+#    otherwise (it then ends "not GPU to GPU: <why>"); when no two-rank run went through IPC
+#    at all, that is a failure.
 # 2. `busbw gpu-bench`: the device-to-device copy's bandwidth beside each reduction kernel's.
 # 3. NCCL as the engine, one rank (NCCL refuses two ranks of a communicator on one GPU):
 #    `--engine nccl -g 1 --np 1`, every collective validated, with libnccl.so.2 from
@@ -427,7 +428,7 @@ check() {
         tag='[host]'
     elif [[ -z $pathline ]]; then
         tag='[no device-buffers line]'
-    elif [[ $pathline == *IPC* || $pathline == *peer-to-peer* ]]; then
+    elif [[ $pathline == *"GPU to GPU between"* && $pathline != *"not GPU to GPU"* ]]; then
         tag='[ipc]'
     else
         tag='[staged]'
@@ -474,8 +475,9 @@ else
     EXTRA+=("own alltoall_perf 1 -b 8 -e $MAX -f 32 -d all")
     EXTRA+=("own all_reduce_perf 2 -b 8 -e $MAX -f 32 -d all --transport tcp")
     # The tree drives the device like the ring; recursive doubling is staged around the call.
-    EXTRA+=("own all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all --algo tree")
-    EXTRA+=("own all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all --algo rd")
+    # Over TCP the device data is staged through pinned host memory: the staged engines.
+    EXTRA+=("own all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all --algo tree --transport tcp")
+    EXTRA+=("own all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all --algo rd --transport tcp")
 fi
 NEXT_EXTRA=0
 # extra_runs [while-prep]: step 5's next runs: all of them, or only while the build runs.

@@ -496,7 +496,7 @@ fn sweep(
             session.publish_gpu(&d.line(), plan.timeout)?;
             let path = format!(
                 "{} ({})",
-                d.choose_path(&session.comm),
+                d.choose_path(&mut session.comm)?,
                 session.transport_name
             );
             if rank0 {

@@ -113,10 +113,19 @@ impl DeviceMem {
     pub fn line(&self) -> GpuLine {
         match *self {}
     }
-    pub fn choose_path(&mut self, _comm: &Communicator) -> String {
+    pub fn choose_path(&mut self, _comm: &mut Communicator) -> Result<String> {
         match *self {}
     }
-    pub fn reserve(&mut self, _send: usize, _recv: usize, _check: bool) -> Result<()> {
+    pub fn reserve(
+        &mut self,
+        _comm: &mut Communicator,
+        _send: usize,
+        _recv: usize,
+        _check: bool,
+    ) -> Result<()> {
+        match *self {}
+    }
+    pub fn release(&mut self, _comm: &mut Communicator) -> Result<()> {
         match *self {}
     }
     pub fn shifts(&self, _span: usize) -> usize {
@@ -173,6 +182,7 @@ mod imp {
     use crate::error::Context;
     use crate::specs::nccl::{Enqueue, NcclCall};
     use crate::specs::{Buf, Fill, Gen};
+    use busbw_collectives::algorithms::peer;
     use busbw_collectives::cuda::device::{
         CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Pinned,
     };
@@ -472,17 +482,29 @@ mod imp {
             }
         }
 
-        /// How device data reaches `transport`, in words (printed once by rank 0).
-        /// Decides how device data reaches `comm`'s transport (GPUDirect RDMA where the
-        /// NIC registers device memory, else staged through the twins), tells the offload,
-        /// and returns the line rank 0 prints.
-        pub fn choose_path(&mut self, comm: &Communicator) -> String {
+        /// Decides how device data moves (GPU to GPU where every rank is on this host and
+        /// every device reaches every other's, agreed with the other ranks: every rank calls
+        /// this at the same point; else GPUDirect RDMA where the NIC registers device memory,
+        /// else staged through the twins), tells the offload, and returns the line rank 0
+        /// prints, with why device data is not moved GPU to GPU.
+        pub fn choose_path(&mut self, comm: &mut Communicator) -> Result<String> {
             let props = comm.transport().properties();
             let sysfs = std::path::Path::new("/sys");
             let (path, line) = gpudirect::path_line(&props, None, self.info.dmabuf, sysfs);
             self.dev.set_path(path);
+            self.dev.offer_peers(true);
+            let why = peer::agree(comm, &mut self.dev)
+                .context("agreeing whether local GPUs talk directly")?;
+            let Some(why) = why else {
+                return Ok(
+                    "GPU to GPU between the ranks of this host (CUDA IPC, peer access): \
+                    reductions by kernels reading the peers' buffers in place, copies by the \
+                    copy engines, every collective"
+                        .into(),
+                );
+            };
             let around = "recursive doubling and point-to-point staged around the operation";
-            match path {
+            Ok(match path {
                 gpudirect::DevicePath::Staged => format!(
                     "{line}; reductions on the device, copies per segment overlapped with the \
                      network (ring, tree, chains; {around})"
@@ -491,10 +513,26 @@ mod imp {
                     "{line}; ring, tree and chains send and receive device memory, reduce on \
                      the device and fall back to the twins where a connection refuses it; {around}"
                 ),
-            }
+            } + &format!("; not GPU to GPU: {why}"))
         }
 
-        pub fn reserve(&mut self, send: usize, recv: usize, check: bool) -> Result<()> {
+        /// Closes this rank's mappings of its peers' buffers once every rank has finished
+        /// with them (every rank calls it at the same point): before device buffers are
+        /// freed, since CUDA leaves freeing memory a peer still maps undefined.
+        pub fn release(&mut self, comm: &mut Communicator) -> Result<()> {
+            peer::release(comm, &mut self.dev).context("closing the peers' device buffers")
+        }
+
+        /// Replaces the device buffers (every rank at the same point: peers' mappings of the
+        /// old ones are closed first).
+        pub fn reserve(
+            &mut self,
+            comm: &mut Communicator,
+            send: usize,
+            recv: usize,
+            check: bool,
+        ) -> Result<()> {
+            self.release(comm)?;
             // The dma-bufs of the buffers about to be replaced.
             self.dev.forget_exports();
             let g = self.dev.gpu();

@@ -6,6 +6,7 @@
 //! time for large messages `size / link bandwidth` plus `n-1` segment latencies, as NCCL's
 //! ring Broadcast and Reduce do.
 
+use crate::algorithms::peer::{self, Call, Kind};
 use crate::algorithms::ring::{run_ring, Chunks, RingSchedule};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
@@ -37,6 +38,14 @@ pub fn broadcast(
     root: usize,
 ) -> Result<(), CommError> {
     check_root(comm, root, "broadcast")?;
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::Broadcast, "broadcast", count, dtype).at(root),
+    )?
+    else {
+        return Ok(());
+    };
     let bytes = bytes_of(count, dtype)?;
     let mut b = data.bufs(comm.rank(), "broadcast", bytes, bytes, dtype, (0, 0))?;
     let space = &mut b.space;
@@ -57,6 +66,14 @@ pub fn reduce(
     root: usize,
 ) -> Result<(), CommError> {
     check_root(comm, root, "reduce")?;
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::reducing(Kind::Reduce, "reduce", count, dtype, op).at(root),
+    )?
+    else {
+        return Ok(());
+    };
     let bytes = bytes_of(count, dtype)?;
     let mut b = data.bufs(comm.rank(), "reduce", bytes, bytes, dtype, (0, 0))?;
     let space = &mut b.space;

@@ -17,6 +17,7 @@
 //! same bits even where an operator is not commutative bit for bit (min/max of +0 and -0, NaN
 //! payloads).
 
+use crate::algorithms::peer::{self, Call, Kind};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::data::{bytes_of, Data};
@@ -48,6 +49,14 @@ pub fn doubling_all_reduce(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::reducing(Kind::AllReduce, "doubling_all_reduce", count, dtype, op),
+    )?
+    else {
+        return Ok(());
+    };
     let bytes = bytes_of(count, dtype)?;
     let mut b = data.bufs(
         comm.rank(),

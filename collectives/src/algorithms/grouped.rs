@@ -5,6 +5,7 @@
 //! never waits for one peer while another could make progress, and a group that pairs
 //! sends and receives in any order cannot deadlock.
 
+use crate::algorithms::peer::{self, Call, Kind};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::data::{bytes_of, Data};
 use crate::engine::space::{host_only, MemorySpace};
@@ -146,6 +147,14 @@ pub fn alltoall(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::Alltoall, "alltoall", count, dtype),
+    )?
+    else {
+        return Ok(());
+    };
     host_only(comm, data, "alltoall", |comm, data| {
         alltoall_host(comm, data, count, dtype)
     })
@@ -260,6 +269,14 @@ pub fn scatter(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::Scatter, "scatter", count, dtype).at(root),
+    )?
+    else {
+        return Ok(());
+    };
     host_only(comm, data, "scatter", |comm, data| {
         scatter_host(comm, data, count, dtype, root)
     })
@@ -323,6 +340,14 @@ pub fn gather(
     dtype: DataType,
     root: usize,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::Gather, "gather", count, dtype).at(root),
+    )?
+    else {
+        return Ok(());
+    };
     host_only(comm, data, "gather", |comm, data| {
         gather_host(comm, data, count, dtype, root)
     })
@@ -383,6 +408,14 @@ pub fn sendrecv(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::SendRecv, "sendrecv", count, dtype),
+    )?
+    else {
+        return Ok(());
+    };
     host_only(comm, data, "sendrecv", |comm, data| {
         sendrecv_host(comm, data, count, dtype)
     })
@@ -444,6 +477,14 @@ pub fn hypercube(
     count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::HyperCube, "hypercube", count, dtype),
+    )?
+    else {
+        return Ok(());
+    };
     host_only(comm, data, "hypercube", |comm, data| {
         hypercube_host(comm, data, count, dtype)
     })

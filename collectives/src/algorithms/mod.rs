@@ -7,6 +7,7 @@ pub mod chain;
 pub mod direct;
 pub mod doubling;
 pub mod grouped;
+pub mod peer;
 pub mod ring;
 pub mod tree;
 

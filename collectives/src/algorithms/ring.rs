@@ -20,6 +20,7 @@
 //! fill it; the per-call tag catches ranks that disagree. Received segments that must be
 //! reduced land in a ring of `window` staging slots; the others land in place.
 
+use crate::algorithms::peer::{self, Call, Kind};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 pub use crate::engine::data::Data;
@@ -40,6 +41,14 @@ pub fn all_reduce(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::reducing(Kind::AllReduce, "all_reduce", count, dtype, op),
+    )?
+    else {
+        return Ok(());
+    };
     let bytes = bytes_of(count, dtype)?;
     let mut b = data.bufs(comm.rank(), "all_reduce", bytes, bytes, dtype, (0, 0))?;
     let space = &mut b.space;
@@ -61,6 +70,14 @@ pub fn reduce_scatter(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::reducing(Kind::ReduceScatter, "reduce_scatter", recv_count, dtype, op),
+    )?
+    else {
+        return Ok(());
+    };
     let n = comm.size();
     let rb = bytes_of(recv_count, dtype)?;
     let sb = bytes_of(recv_count * n, dtype)?;
@@ -90,6 +107,14 @@ pub fn all_gather(
     send_count: usize,
     dtype: DataType,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::moving(Kind::AllGather, "all_gather", send_count, dtype),
+    )?
+    else {
+        return Ok(());
+    };
     let n = comm.size();
     let sb = bytes_of(send_count, dtype)?;
     let rb = bytes_of(send_count * n, dtype)?;

@@ -434,6 +434,10 @@ impl Gpu {
         }
     }
 
+    pub(crate) fn cu_device(&self) -> cudarc::driver::sys::CUdevice {
+        self.ctx.cu_device()
+    }
+
     pub(crate) fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
         self.stream.cu_stream()
     }

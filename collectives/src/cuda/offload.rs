@@ -7,12 +7,18 @@
 //! H2D copy on the copy engine), runs the reduction kernel of [`super::kernels`] on device
 //! addresses, applies `avg`'s division when asked, and copies the result back to its twin only
 //! if it travels on: the CPU reduces nothing.
+//!
+//! Asked to ([`CudaOffload::offer_peers`]), it also offers its memory to the ranks of its
+//! host (CUDA IPC, peer access; [`super::peer`]) for the GPU-to-GPU path.
 
 use super::device::{CudaError, DeviceBuffer, Gpu, Pinned};
 use super::dmabuf::{self, Exported};
 use super::gpudirect::DevicePath;
+use super::peer::{self, Peers};
 use crate::dtype::DataType;
-use crate::offload::{device_of, Mirror, Offload, OffloadError, Reduce, Ticket};
+use crate::offload::{
+    device_of, Mirror, Offload, OffloadError, PeerHandle, PeerId, Reduce, Ticket,
+};
 use busbw_transports::{DmaBuf, MemRegion, MemoryKind};
 use cudarc::driver::CudaEvent;
 use std::collections::VecDeque;
@@ -65,6 +71,9 @@ pub struct CudaOffload {
     exports: Vec<(u64, usize, Exported)>,
     /// Why the direct path was given up, until the owner takes it to report it.
     refused: Option<String>,
+    /// Offer this device's memory to the ranks of its host (GPU to GPU).
+    offer_peers: bool,
+    peers: Peers,
 }
 
 impl CudaOffload {
@@ -86,7 +95,16 @@ impl CudaOffload {
             dmabuf: false,
             exports: Vec::new(),
             refused: None,
+            offer_peers: false,
+            peers: Peers::default(),
         }
+    }
+
+    /// Offer this device's memory to the ranks of its host, so that collectives run GPU to
+    /// GPU where every rank's device reaches every other's (`crate::algorithms::peer`);
+    /// off by default: the owner decides, the algorithms never guess.
+    pub fn offer_peers(&mut self, on: bool) {
+        self.offer_peers = on;
     }
 
     /// Why the direct path was given up since the last call, if it was: the owner reports it.
@@ -396,6 +414,37 @@ impl Offload for CudaOffload {
         Ok(host)
     }
 
+    fn peer_id(&mut self) -> Option<PeerId> {
+        self.offer_peers.then(|| peer::id(&self.gpu))
+    }
+
+    fn can_access_peer(&mut self, p: &PeerId) -> Result<bool, OffloadError> {
+        self.peers.can_access(&self.gpu, p)
+    }
+
+    fn export_peer(&mut self, addr: u64, len: usize) -> Result<PeerHandle, OffloadError> {
+        self.peers.export(&self.gpu, addr, len)
+    }
+
+    fn open_peer(&mut self, h: &PeerHandle) -> Result<u64, OffloadError> {
+        self.peers.open(&self.gpu, h)
+    }
+
+    fn close_peers(&mut self) {
+        // Nothing in flight may still read a mapping that goes.
+        let _ = self.sync();
+        self.peers.close(&self.gpu);
+    }
+
+    fn copy_on_device(&mut self, dst: u64, src: u64, len: usize) -> Result<Ticket, OffloadError> {
+        self.gpu.bind().map_err(oe)?;
+        // SAFETY: the peer path passes ranges of this device's buffers and of peers' buffers
+        // opened here, for `len` bytes each.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, len, self.gpu.cu_stream()) }
+            .map_err(|e| OffloadError(format!("copying {len} bytes device to device: {e}")))?;
+        self.ticket()
+    }
+
     fn complete(&mut self, t: Ticket) -> Result<bool, OffloadError> {
         if self.done < t.0 {
             self.gpu.bind().map_err(oe)?;
@@ -428,5 +477,13 @@ impl Offload for CudaOffload {
         self.done = self.issued;
         self.spare.extend(self.pending.drain(..).map(|(_, e)| e));
         Ok(())
+    }
+}
+
+impl Drop for CudaOffload {
+    fn drop(&mut self) {
+        // Peers' mappings close before their contexts go.
+        self.close_peers();
+        self.peers.release();
     }
 }

@@ -84,21 +84,50 @@ impl<'a> Data<'a> {
         }
     }
 
+    /// Whether one buffer is both input and output.
+    pub(crate) fn is_in_place(&self) -> bool {
+        matches!(self.buffers, Buffers::InPlace(_))
+    }
+
+    /// The space the buffers live in, for a path that decides by it before the call runs.
+    pub(crate) fn space_mut(&mut self) -> &mut MemorySpace<'a> {
+        &mut self.space
+    }
+
     pub(crate) fn bufs(
-        self,
+        mut self,
+        rank: usize,
+        what: &str,
+        send_bytes: usize,
+        recv_bytes: usize,
+        dtype: DataType,
+        offsets: (usize, usize),
+    ) -> Result<Bufs<'a>, CommError> {
+        let (src, dst) = self.ptrs(rank, what, send_bytes, recv_bytes, dtype, offsets)?;
+        Ok(Bufs {
+            src,
+            dst,
+            space: self.space,
+        })
+    }
+
+    /// The checked input and output pointers of a call whose input starts `send_off` bytes
+    /// and output `recv_off` bytes into an in-place buffer; see [`Data::bufs`].
+    pub(crate) fn ptrs(
+        &mut self,
         rank: usize,
         what: &str,
         send_bytes: usize,
         recv_bytes: usize,
         dtype: DataType,
         (send_off, recv_off): (usize, usize),
-    ) -> Result<Bufs<'a>, CommError> {
+    ) -> Result<(*const u8, *mut u8), CommError> {
         let err = |m: String| CommError::Invalid(format!("rank {rank}: {what}: {m}"));
         if let MemorySpace::Device(d) = &self.space {
             let (inputs, outputs) = self.ranges();
             check_mirrors(d.mirrors(), &inputs, &outputs, rank, what)?;
         }
-        let (src, dst) = match self.buffers {
+        let (src, dst) = match &mut self.buffers {
             Buffers::InPlace(b) => {
                 let need = (send_off + send_bytes).max(recv_off + recv_bytes);
                 if b.len() < need {
@@ -127,11 +156,7 @@ impl<'a> Data<'a> {
                 return Err(err(format!("buffer at {p:#x} is not aligned for {dtype}")));
             }
         }
-        Ok(Bufs {
-            src,
-            dst,
-            space: self.space,
-        })
+        Ok((src, dst))
     }
 }
 

@@ -116,7 +116,7 @@ pub struct Communicator {
 }
 
 /// How many values the layers above may keep with a communicator ([`Kept`]).
-pub const KEPT_SLOTS: usize = 4;
+pub const KEPT_SLOTS: usize = 5;
 
 /// A value a layer above keeps with each communicator for as long as it lives
 /// ([`Communicator::kept`]).

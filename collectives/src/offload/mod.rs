@@ -21,8 +21,16 @@
 //! through its [`Mirror`]s. [`sim`] is a device made of host memory behind a worker thread,
 //! which tests the engines' use of tickets without a GPU; the CUDA offload is
 //! `cuda::offload` (feature `cuda`).
+//!
+//! Devices of one host may also reach each other's memory ([`peer`]): a device that offers
+//! it ([`Offload::peer_id`]) exports ranges as handles, opens its peers' handles into
+//! device addresses, and reduces and copies on those addresses in place; the GPU-to-GPU
+//! path of the algorithms (`crate::algorithms::peer`) runs on that alone.
 
+pub mod peer;
 pub mod sim;
+
+pub use peer::{PeerHandle, PeerId};
 
 use crate::dtype::{DataType, ReduceOp};
 use busbw_transports::{MemRegion, MemoryKind};
@@ -169,6 +177,45 @@ pub trait Offload: Send {
         op: ReduceOp,
         avg_over: Option<usize>,
     ) -> Result<Ticket, OffloadError>;
+
+    /// Who this device is for peers that may map its memory; `None` when it offers none
+    /// (the default, and a device not told to): its calls stage through the twins. Offering
+    /// is the owner's decision, never the algorithms' guess.
+    fn peer_id(&mut self) -> Option<PeerId> {
+        None
+    }
+
+    /// Whether this device can read and write the memory of the device `peer` describes
+    /// (`cuDeviceCanAccessPeer`; the same device: yes).
+    fn can_access_peer(&mut self, peer: &PeerId) -> Result<bool, OffloadError> {
+        let _ = peer;
+        Ok(false)
+    }
+
+    /// A handle for peers to the device range `addr..addr+len` of this device's memory
+    /// (a mirrored buffer, scratch or `mulsum` input).
+    fn export_peer(&mut self, addr: u64, len: usize) -> Result<PeerHandle, OffloadError> {
+        let _ = (addr, len);
+        Err(OffloadError("this device offers no peer memory".into()))
+    }
+
+    /// The device address, here, of a peer's exported range. The mapping stays open (and
+    /// the peer's memory with it) until [`Offload::close_peers`]; opening one allocation
+    /// twice is one mapping. Fails, naming the handle, when the owner has freed the memory.
+    fn open_peer(&mut self, handle: &PeerHandle) -> Result<u64, OffloadError> {
+        let _ = handle;
+        Err(OffloadError("this device offers no peer memory".into()))
+    }
+
+    /// Closes every peer mapping (their buffers changed, or the device is done with them).
+    fn close_peers(&mut self) {}
+
+    /// Copies `len` bytes between device addresses, either of which may be a peer's opened
+    /// range (the copy engines, as NCCL's P2P transport copies).
+    fn copy_on_device(&mut self, dst: u64, src: u64, len: usize) -> Result<Ticket, OffloadError> {
+        let _ = (dst, src, len);
+        Err(OffloadError("this device offers no peer memory".into()))
+    }
 }
 
 /// The device address of host-twin `p..p+len` in `mirrors`.

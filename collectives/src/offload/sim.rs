@@ -3,14 +3,23 @@
 //! complete, or finishes before its uploads are, sends or leaves stale data and fails
 //! validation. It exercises everything an engine does with an [`Offload`] except the GPU
 //! itself, and counts what it was asked to do so tests can tell the device path ran.
+//!
+//! Peer memory ([`SimDevice::ipc`]) is modelled on CUDA IPC: every allocation is entered in
+//! a process-wide registry under an id never reused, a handle names the id, and opening it
+//! takes a reference until the mapping is closed. Both misuses CUDA leaves undefined fail
+//! loudly here: opening a handle whose owner has freed its allocation (the error names the
+//! handle), and freeing an allocation a peer still has open. Devices of one island can reach each other (peer devices of
+//! one process share host memory, so an opened address is the owner's), devices of two
+//! islands cannot.
 
-use super::{device_of, Mirror, Offload, OffloadError, Reduce, Ticket};
+use super::{device_of, Mirror, Offload, OffloadError, PeerHandle, PeerId, Reduce, Ticket};
 use crate::buffer::HostBuffer;
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::{finish_avg, reduce_inplace, reduce_into, scale_into};
 use crate::with_dtype;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -24,6 +33,48 @@ pub struct Counts {
     pub premultiplies: u64,
     /// Times the direct path was given up.
     pub refusals: u64,
+    /// Peer handles opened (a mapping made, not one found open).
+    pub peer_opens: u64,
+    /// Copies between device addresses (own or a peer's).
+    pub device_copies: u64,
+}
+
+/// One simulated device allocation, shared with the peers that opened it.
+struct Alloc {
+    id: u64,
+    buf: HostBuffer,
+}
+
+impl Alloc {
+    fn base(&self) -> u64 {
+        self.buf.as_slice().as_ptr() as u64
+    }
+    fn holds(&self, dev: u64, len: usize) -> bool {
+        dev >= self.base() && dev + len as u64 <= self.base() + self.buf.len() as u64
+    }
+}
+
+/// Tags the words of the simulated device's ids and handles.
+const SIM_TAG: u64 = u64::from_le_bytes(*b"simpeer1");
+
+/// Every live allocation of every simulated device in this process, by id: what a handle
+/// is opened through. Ids are never reused, so a handle outlives its allocation only as a
+/// name that no longer opens.
+static REGISTRY: Mutex<BTreeMap<u64, Weak<Alloc>>> = Mutex::new(BTreeMap::new());
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+
+fn registered(len: usize) -> Option<Arc<Alloc>> {
+    let a = Arc::new(Alloc {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        buf: HostBuffer::new(len.max(1))?,
+    });
+    // A poisoned registry still holds valid entries: a test that panicked elsewhere must
+    // not turn every later open into a second failure.
+    let mut r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    r.retain(|_, w| w.strong_count() > 0);
+    r.insert(a.id, Arc::downgrade(&a));
+    Some(a)
 }
 
 /// Addresses are plain `usize` so that jobs cross to the worker thread.
@@ -99,7 +150,7 @@ impl Job {
 /// A mirrored pair allocated by the device itself (scratch, premultiplied input).
 struct Pair {
     host: HostBuffer,
-    dev: HostBuffer,
+    dev: Option<Arc<Alloc>>,
 }
 
 impl Pair {
@@ -107,8 +158,7 @@ impl Pair {
         Pair {
             host: HostBuffer::new(0)
                 .unwrap_or_else(|| unreachable!("empty buffers allocate nothing")),
-            dev: HostBuffer::new(0)
-                .unwrap_or_else(|| unreachable!("empty buffers allocate nothing")),
+            dev: None,
         }
     }
     fn ensure(&mut self, bytes: usize) -> Result<bool, OffloadError> {
@@ -121,13 +171,13 @@ impl Pair {
             ))
         };
         self.host = HostBuffer::new(bytes).ok_or_else(oom)?;
-        self.dev = HostBuffer::new(bytes).ok_or_else(oom)?;
+        self.dev = Some(registered(bytes).ok_or_else(oom)?);
         Ok(true)
     }
     fn mirror(&mut self) -> Mirror {
         Mirror {
             host: self.host.as_mut_slice().as_mut_ptr(),
-            device: self.dev.as_mut_slice().as_mut_ptr() as u64,
+            device: self.dev.as_ref().map_or(0, |d| d.base()),
             len: self.host.len(),
         }
     }
@@ -140,7 +190,15 @@ pub struct SimDevice {
     done: Arc<AtomicU64>,
     issued: u64,
     /// Device allocations made through [`SimDevice::alloc`].
-    memory: Vec<HostBuffer>,
+    memory: Vec<Arc<Alloc>>,
+    /// Peer mode: the island of devices that can reach each other, and this device's
+    /// number.
+    island: Option<u64>,
+    number: u64,
+    /// Peers' allocations opened here, kept alive until closed.
+    opened: Vec<Arc<Alloc>>,
+    /// Refuse every peer handle, as a driver may.
+    refuse_opens: bool,
     user: Vec<Mirror>,
     all: Vec<Mirror>,
     staging: HostBuffer,
@@ -186,6 +244,10 @@ impl SimDevice {
             done,
             issued: 0,
             memory: Vec::new(),
+            island: None,
+            number: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            opened: Vec::new(),
+            refuse_opens: false,
             user: Vec::new(),
             all: Vec::new(),
             staging: empty(),
@@ -206,42 +268,92 @@ impl SimDevice {
         self
     }
 
+    /// Offer peer memory (CUDA IPC, peer access) to devices of the same `island`; devices
+    /// of other islands cannot reach this one, as GPUs without peer access cannot.
+    pub fn ipc(mut self, island: u64) -> SimDevice {
+        self.island = Some(island);
+        self
+    }
+
+    /// Refuse to open every peer handle, as a driver refusing them would: for tests of
+    /// what the ranks do when one fails.
+    pub fn refusing_opens(mut self) -> SimDevice {
+        self.refuse_opens = true;
+        self
+    }
+
     /// `len` bytes of device memory, zeroed; returns its device address.
     pub fn alloc(&mut self, len: usize) -> Option<u64> {
-        let mut b = HostBuffer::new(len.max(1))?;
-        let a = b.as_mut_slice().as_mut_ptr() as u64;
-        self.memory.push(b);
-        Some(a)
+        let a = registered(len)?;
+        let at = a.base();
+        self.memory.push(a);
+        Some(at)
+    }
+
+    /// Frees the allocation at `dev` (after the work issued so far): its handles no longer
+    /// open. Refused while a peer has it open (CUDA leaves that undefined): the peers close
+    /// their mappings first.
+    pub fn free(&mut self, dev: u64) -> Result<(), OffloadError> {
+        self.sync()?;
+        let i = self
+            .memory
+            .iter()
+            .position(|a| a.base() == dev)
+            .ok_or_else(|| OffloadError(format!("no allocation starts at device {dev:#x}")))?;
+        let peers = Arc::strong_count(&self.memory[i]) - 1;
+        if peers > 0 {
+            return Err(OffloadError(format!(
+                "freeing device {dev:#x} (IPC handle sim#{}) while {peers} peer mapping(s) \
+                 still hold it: peers close their mappings first (peer::release)",
+                self.memory[i].id
+            )));
+        }
+        self.memory.swap_remove(i);
+        Ok(())
     }
 
     fn allocation(&self, dev: u64, len: usize) -> Option<usize> {
-        self.memory.iter().position(|b| {
-            let s = b.as_slice().as_ptr() as u64;
-            dev >= s && dev + len as u64 <= s + b.len() as u64
-        })
+        self.memory.iter().position(|a| a.holds(dev, len))
+    }
+
+    /// Whether `dev..dev+len` is memory this device may touch: its own allocations, its
+    /// mirrored buffers and peers' allocations it opened.
+    fn reachable(&self, dev: u64, len: usize) -> bool {
+        self.allocation(dev, len).is_some()
+            || self
+                .all
+                .iter()
+                .any(|m| dev >= m.device && dev + len as u64 <= m.device + m.len as u64)
+            || self.opened.iter().any(|a| a.holds(dev, len))
+    }
+
+    /// The allocation of this device's (a buffer, scratch or `mulsum` input) holding a range.
+    fn owned(&self, dev: u64, len: usize) -> Option<&Arc<Alloc>> {
+        let pairs = [&self.scratch, &self.premul].into_iter();
+        self.memory
+            .iter()
+            .chain(pairs.filter_map(|p| p.dev.as_ref()))
+            .find(|a| a.holds(dev, len))
     }
 
     /// Writes device memory (synchronously: waits for every issued operation first).
     pub fn write(&mut self, dev: u64, bytes: &[u8]) -> Result<(), OffloadError> {
         self.sync()?;
-        let i = self
-            .allocation(dev, bytes.len())
+        self.allocation(dev, bytes.len())
             .ok_or_else(|| OffloadError(format!("write outside device memory at {dev:#x}")))?;
-        let b = &mut self.memory[i];
-        let at = (dev - b.as_slice().as_ptr() as u64) as usize;
-        b.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
+        // SAFETY: `allocation` checked that the range lies in a live allocation of ours; the
+        // device is idle (synced), and a peer writing it meanwhile is the test's own race.
+        unsafe { std::ptr::copy(bytes.as_ptr(), dev as usize as *mut u8, bytes.len()) };
         Ok(())
     }
 
     /// Reads device memory (after every issued operation).
     pub fn read(&mut self, dev: u64, len: usize) -> Result<Vec<u8>, OffloadError> {
         self.sync()?;
-        let i = self
-            .allocation(dev, len)
+        self.allocation(dev, len)
             .ok_or_else(|| OffloadError(format!("read outside device memory at {dev:#x}")))?;
-        let b = &self.memory[i];
-        let at = (dev - b.as_slice().as_ptr() as u64) as usize;
-        Ok(b.as_slice()[at..at + len].to_vec())
+        // SAFETY: as in write.
+        Ok(unsafe { std::slice::from_raw_parts(dev as usize as *const u8, len) }.to_vec())
     }
 
     /// The caller's mirrored buffers (device addresses from [`SimDevice::alloc`]).
@@ -353,13 +465,8 @@ impl Offload for SimDevice {
         avg_over: Option<usize>,
     ) -> Result<Ticket, OffloadError> {
         let bytes = elems * dtype.size();
-        let mirrored = |a: u64| {
-            self.all
-                .iter()
-                .any(|m| a >= m.device && a + bytes as u64 <= m.device + m.len as u64)
-        };
         for a in [out, mine, staged] {
-            if self.allocation(a, bytes).is_none() && !mirrored(a) {
+            if !self.reachable(a, bytes) {
                 return Err(OffloadError(format!(
                     "{bytes} bytes at device {a:#x} are outside device memory"
                 )));
@@ -480,6 +587,106 @@ impl Offload for SimDevice {
             rank,
         })?;
         Ok(host)
+    }
+
+    fn peer_id(&mut self) -> Option<PeerId> {
+        self.island
+            .map(|i| PeerId([SIM_TAG, i, self.number, std::process::id() as u64]))
+    }
+
+    fn can_access_peer(&mut self, peer: &PeerId) -> Result<bool, OffloadError> {
+        let p = peer.0;
+        Ok(p[0] == SIM_TAG && p[3] == std::process::id() as u64 && Some(p[1]) == self.island)
+    }
+
+    fn export_peer(&mut self, addr: u64, len: usize) -> Result<PeerHandle, OffloadError> {
+        if self.island.is_none() {
+            return Err(OffloadError(
+                "this simulated device offers no peer memory".into(),
+            ));
+        }
+        let a = self.owned(addr, len).ok_or_else(|| {
+            OffloadError(format!(
+                "cannot export {len} bytes at device {addr:#x}: not inside one allocation of this device"
+            ))
+        })?;
+        let mut key = [0u64; 10];
+        (key[0], key[1], key[2]) = (SIM_TAG, a.id, self.number);
+        Ok(PeerHandle {
+            key,
+            offset: addr - a.base(),
+            len: len as u64,
+        })
+    }
+
+    fn open_peer(&mut self, h: &PeerHandle) -> Result<u64, OffloadError> {
+        let [tag, id, owner, ..] = h.key;
+        let name = || format!("IPC handle sim#{id} (device {owner}, +{} bytes)", h.offset);
+        if tag != SIM_TAG {
+            return Err(OffloadError(format!(
+                "{}: not a simulated device's handle",
+                name()
+            )));
+        }
+        let at = |a: &Alloc| -> Result<u64, OffloadError> {
+            let end = h.offset.checked_add(h.len);
+            if end.is_none_or(|e| e > a.buf.len() as u64) {
+                return Err(OffloadError(format!(
+                    "{}: {} bytes run past its allocation of {}",
+                    name(),
+                    h.len,
+                    a.buf.len()
+                )));
+            }
+            Ok(a.base() + h.offset)
+        };
+        if self.refuse_opens {
+            return Err(OffloadError(format!(
+                "opening {}: the simulated driver refuses peer handles",
+                name()
+            )));
+        }
+        if let Some(a) = self.opened.iter().find(|a| a.id == id) {
+            return at(a);
+        }
+        let live = {
+            let r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+            r.get(&id).and_then(Weak::upgrade)
+        };
+        let a = live.ok_or_else(|| {
+            OffloadError(format!(
+                "opening {}: its owner has freed the memory (a handle must be opened while \
+                 its owner still holds the buffer)",
+                name()
+            ))
+        })?;
+        let addr = at(&a)?;
+        self.counts.peer_opens += 1;
+        self.opened.push(a);
+        Ok(addr)
+    }
+
+    fn close_peers(&mut self) {
+        // Nothing in flight may still read a peer's memory once its mapping is gone.
+        let _ = self.sync();
+        self.opened.clear();
+    }
+
+    fn copy_on_device(&mut self, dst: u64, src: u64, len: usize) -> Result<Ticket, OffloadError> {
+        for (a, what) in [(dst, "destination"), (src, "source")] {
+            if !self.reachable(a, len) {
+                return Err(OffloadError(format!(
+                    "device copy {what} of {len} bytes at {a:#x} is neither this device's \
+                     memory nor a peer's opened here"
+                )));
+            }
+        }
+        self.counts.device_copies += 1;
+        self.issue(Job::Copy {
+            dst: dst as usize,
+            src: src as usize,
+            len,
+        })
     }
 
     fn complete(&mut self, t: Ticket) -> Result<bool, OffloadError> {

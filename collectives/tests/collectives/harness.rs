@@ -15,19 +15,23 @@ pub(crate) fn run_case(c: Case, seg: usize, window: usize) -> Vec<u64> {
     res.into_iter().map(|(w, _)| w).collect()
 }
 
-/// A simulated device for a case: how late its operations may complete, and whether it
+/// A simulated device for a case: how late its operations may complete, whether it
 /// offers its memory to transports (GPUDirect's direct path, taken where the transport
-/// registers device memory, [`ThreadTransport::InprocDevice`]).
+/// registers device memory, [`ThreadTransport::InprocDevice`]), and whether it offers peer
+/// memory to the other ranks (CUDA IPC): `Some(k)` puts rank r's device in island r / k,
+/// whose devices reach each other and no others.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dev {
     pub(crate) jitter: Duration,
     pub(crate) direct: bool,
+    pub(crate) ipc: Option<usize>,
 }
 
 pub(crate) fn dev(us: u64) -> Option<Dev> {
     Some(Dev {
         jitter: Duration::from_micros(us),
         direct: false,
+        ipc: None,
     })
 }
 
@@ -44,6 +48,9 @@ fn run_on_device(comm: &mut Communicator, c: &Case, input: &[u8], device: Dev) -
     let mut sim = SimDevice::new(device.jitter, 7 + r as u64);
     if device.direct {
         sim = sim.direct();
+    }
+    if let Some(k) = device.ipc {
+        sim = sim.ipc((r / k) as u64);
     }
     let mirror = |sim: &mut SimDevice, twin: &mut Bytes, init: &[u8]| {
         let dev = sim.alloc(twin.len()).unwrap();
@@ -95,6 +102,8 @@ pub(crate) fn run_case_on(
         timeout: Duration::from_secs(20),
         segment_bytes: seg,
         window,
+        // Local ranks may map each other's memory where the case asks for peer memory.
+        map_peers: device.is_some_and(|d| d.ipc.is_some()),
         ..CommConfig::default()
     };
     let inputs: Vec<Bytes> = (0..c.n).map(|r| input_of(&c, r)).collect();

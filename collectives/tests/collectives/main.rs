@@ -9,6 +9,7 @@ mod alltoallv;
 mod device;
 mod harness;
 mod hypercube;
+mod ipc;
 mod properties;
 mod reference;
 mod tcp;

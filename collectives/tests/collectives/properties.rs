@@ -51,7 +51,7 @@ proptest! {
         } else {
             ThreadTransport::Inproc
         };
-        let d = Dev { jitter: Duration::from_micros(30), direct };
+        let d = Dev { jitter: Duration::from_micros(30), direct, ipc: None };
         let res = run_case_on(case, seg, window, transport, Some(d));
         let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
         prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?} seg={seg} window={window} {d:?} {transport:?}: wrong per rank {wrong:?}");
@@ -77,6 +77,25 @@ proptest! {
         }
         if !case.kind.drives_device() {
             prop_assert_eq!(reduces, 0, "{:?}: staged around, so reduced on the host", case);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 80, ..ProptestConfig::default() })]
+
+    /// GPU to GPU (CUDA IPC modelled by the simulated device): random sizes, ranks, roots,
+    /// types and ops give the reference's bits, and nothing crosses a host twin wherever
+    /// there is something to move between two or more ranks.
+    #[test]
+    fn every_collective_gpu_to_gpu((case, seg, window) in case_strategy(&device_kinds())) {
+        let d = Dev { jitter: Duration::from_micros(20), direct: false, ipc: Some(case.n) };
+        let res = run_case_on(case, seg, window, ThreadTransport::Inproc, Some(d));
+        let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
+        prop_assert!(wrong.iter().all(|w| *w == 0), "{case:?}: wrong per rank {wrong:?}");
+        if case.n > 1 && case.count > 0 {
+            let staged: u64 = res.iter().map(|r| r.1.downloads + r.1.uploads).sum();
+            prop_assert_eq!(staged, 0, "{:?}: staged", case);
         }
     }
 }

@@ -98,7 +98,7 @@ pub fn run_with(
         base: 0,
     };
     if let Some(d) = dev.as_deref_mut() {
-        d.reserve(max_send + pad, max_recv + pad, plan.check > 0)
+        d.reserve(comm, max_send + pad, max_recv + pad, plan.check > 0)
             .with_context(|| format!("rank {rank}: device buffers"))?;
     }
     if let Some(m) = meter.as_mut() {
@@ -159,6 +159,11 @@ pub fn run_with(
             why.describe()
         ))
         .context("writing the results")?;
+    }
+    if let Some(d) = dev.as_deref_mut() {
+        // Peers' mappings close before any rank frees its buffers.
+        d.release(comm)
+            .with_context(|| format!("rank {rank}: device buffers"))?;
     }
     if let Some(m) = meter {
         summary.memory = Some(m.finish(comm, dev)?);

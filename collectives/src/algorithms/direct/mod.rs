@@ -51,9 +51,10 @@ const LINE: usize = 64;
 /// Channel of the exchanges: the ring's. Calls never overlap, so sharing it is safe.
 const CHANNEL: u32 = 0;
 
-/// Whether every rank could map every other's memory, agreed on the first direct call.
+/// Whether every rank could map every other's memory, agreed on the first direct call (and
+/// by the GPU-to-GPU path, on its first call with device data).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Agreed {
+pub(crate) enum Agreed {
     #[default]
     Unknown,
     Yes,
@@ -277,7 +278,7 @@ fn key(words: &[u64]) -> Key {
 ///
 /// # Safety
 /// `items` has one entry per rank.
-unsafe fn all_to_all<E: Copy>(
+pub(crate) unsafe fn all_to_all<E: Copy>(
     comm: &mut Communicator,
     items: &mut [E],
     name: &'static str,
@@ -309,7 +310,7 @@ unsafe fn all_to_all<E: Copy>(
 }
 
 /// This rank's slice `[lo, hi)` of `count` elements of `esize` bytes among `n` ranks.
-fn slice(count: usize, esize: usize, n: usize, rank: usize) -> (usize, usize) {
+pub(crate) fn slice(count: usize, esize: usize, n: usize, rank: usize) -> (usize, usize) {
     let align = (LINE / esize).max(1);
     let per = count.div_ceil(n).div_ceil(align) * align;
     let lo = (rank * per).min(count);

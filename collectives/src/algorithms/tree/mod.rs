@@ -33,6 +33,7 @@
 //! pipeline of `2·depth` stages has enough chunks to fill it (`enqueue.cc`). On eight local
 //! ranks both measurably help from 16 KiB to 1 MiB (`examples/tree_vs_ring.rs`).
 
+use crate::algorithms::peer::{self, Call, Kind};
 use crate::dtype::{DataType, ReduceOp};
 use crate::element::Element;
 use crate::engine::data::{bytes_of, segment_elems, Data};
@@ -99,6 +100,14 @@ pub fn tree_all_reduce(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), CommError> {
+    let Some(data) = peer::offer(
+        comm,
+        data,
+        Call::reducing(Kind::AllReduce, "tree_all_reduce", count, dtype, op),
+    )?
+    else {
+        return Ok(());
+    };
     let bytes = bytes_of(count, dtype)?;
     let mut b = data.bufs(comm.rank(), "tree_all_reduce", bytes, bytes, dtype, (0, 0))?;
     let space = &mut b.space;
