@@ -373,6 +373,37 @@ fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
         .collect()
 }
 
+/// `-g`: this rank's device, on the engine the plan names, and the header's `Data path`
+/// line (rank 0 also prints it). `None` for host memory.
+pub(crate) fn open_device(
+    session: &mut Session,
+    plan: &Plan,
+    slot: Slot,
+    split: Option<&SplitGroup>,
+) -> Result<(Option<DeviceMem>, Option<String>)> {
+    match (plan.gpus, plan.engine) {
+        (0, _) => Ok((None, None)),
+        (_, Engine::Nccl) => {
+            let (d, path) = nccl_device(session, plan, slot, split)?;
+            Ok((Some(d), Some(path)))
+        }
+        _ => {
+            let mut d = DeviceMem::open(slot)
+                .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
+            session.publish_gpu(&d.line(), plan.timeout)?;
+            let path = format!(
+                "{} ({})",
+                d.choose_path(&mut session.comm)?,
+                session.transport_name
+            );
+            if session.comm.rank() == 0 {
+                eprintln!("busbw: device buffers: {path}");
+            }
+            Ok((Some(d), Some(format!("own engine, device buffers {path}"))))
+        }
+    }
+}
+
 /// `--engine nccl`: this rank's device (when the host has CUDA), then NCCL's communicator
 /// joined through the store (rank 0's unique id), split into the job's groups under
 /// `NCCL_TESTS_SPLIT`. Returns the device and the data path line of the header.
@@ -411,7 +442,7 @@ fn nccl_device(
     d.use_nccl(joined.comm, plan.timeout);
     if let Some(g) = split {
         let key = g.members().iter().position(|&m| m == rank).unwrap_or(0);
-        d.split_nccl(g.color(), key, g.members().len())
+        d.split_nccl(Some(g.color()), key, g.members().len())
             .with_context(|| format!("rank {rank}"))?;
     }
     session.publish_gpu(&d.line(), plan.timeout)?;
@@ -482,30 +513,7 @@ fn sweep(
         table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
     // -g: open this rank's device before the header, which names every rank's GPU.
-    let mut data_path = None;
-    let mut dev = match (plan.gpus, plan.engine) {
-        (0, _) => None,
-        (_, Engine::Nccl) => {
-            let (d, path) = nccl_device(session, plan, slot, split.as_ref())?;
-            data_path = Some(path);
-            Some(d)
-        }
-        _ => {
-            let mut d = DeviceMem::open(slot)
-                .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
-            session.publish_gpu(&d.line(), plan.timeout)?;
-            let path = format!(
-                "{} ({})",
-                d.choose_path(&mut session.comm)?,
-                session.transport_name
-            );
-            if rank0 {
-                eprintln!("busbw: device buffers: {path}");
-            }
-            data_path = Some(format!("own engine, device buffers {path}"));
-            Some(d)
-        }
-    };
+    let (mut dev, data_path) = open_device(session, plan, slot, split.as_ref())?;
     if let (Some(g), Some(s)) = (&split, plan.split) {
         for d in &mut session.devices {
             d.group = s.color(d.rank / plan.ranks_per_process().max(1));

@@ -12,6 +12,7 @@ use busbw_collectives::Communicator;
 use busbw_job::{JoinOptions, Session};
 use busbw_launchers::topology::{node_labels::NodeLabel, Preset, Source, SourceConfig};
 use busbw_launchers::{MemoryStore, Store, World};
+use busbw_measure::device::DeviceMem;
 use busbw_measure::report::{footer, run_header};
 use busbw_measure::Plan;
 use busbw_measure::Summary;
@@ -124,17 +125,10 @@ pub fn main(t: &TiersArgs) -> i32 {
             return exit::USAGE;
         }
     };
-    if t.perf.engine == busbw_measure::plan::Engine::Nccl {
+    if t.perf.ngpus.unwrap_or(0) > 1 {
         eprintln!(
-            "busbw: error: tiers runs busbw's own engine on host memory; --engine nccl is for \
-             the *_perf programs (where NCCL_TESTS_SPLIT groups run on ncclCommSplit); drop \
-             --engine nccl"
-        );
-        return exit::USAGE;
-    }
-    if t.perf.ngpus.unwrap_or(0) > 0 {
-        eprintln!(
-            "busbw: error: tiers runs on host memory (it measures the network between tiers); drop -g"
+            "busbw: error: tiers runs one rank per process: -g 1 at most (each process a GPU); \
+             start a process per GPU with --np or --nproc-per-node"
         );
         return exit::USAGE;
     }
@@ -199,7 +193,7 @@ struct MainTable<'a> {
 impl MainTable<'_> {
     /// The sweep over the whole job, shown as any run is; on every rank, what it measured
     /// (rank 0's rows are the ones that count).
-    fn whole_job(&mut self, comm: &mut Communicator) -> Result<Sweep> {
+    fn whole_job(&mut self, comm: &mut Communicator, dev: Option<&mut DeviceMem>) -> Result<Sweep> {
         let rank0 = self.rank0;
         let mut out = WorldSink {
             table: &mut self.table,
@@ -219,7 +213,7 @@ impl MainTable<'_> {
                 }
                 Ok(Summary::default())
             }
-            None => busbw_measure::run(comm, self.plan, Some(&mut sink)),
+            None => busbw_measure::run_with(comm, self.plan, Some(&mut sink), dev),
         };
         let summary = match ran {
             Ok(s) => s,
@@ -267,15 +261,22 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         Err(e) => return Err(e.into()),
     };
 
+    // -g 1: the rank's device (its line goes into the header, so before it); the groups
+    // sweep on it too, GPU to GPU inside a host where the devices allow it, or on NCCL's
+    // split of the job under --engine nccl.
+    let slot = busbw_job::threads::slot(world.local_rank, 1, plan.gpus as usize);
+    let (mut dev, data_path) = crate::perf::open_device(session, plan, slot, None)?;
     let mut table = TextTable::new(std::io::stdout().lock());
     let mut exports = None;
     if rank0 {
         exports = exports::for_run(&opts.report, plan, session, &mut table)?;
     }
+    let mut header = run_header(plan, session.devices.clone(), &session.transport_name);
+    header.data_path = data_path.clone();
     let mut bench = MainTable {
         plan,
         rank0,
-        header: run_header(plan, session.devices.clone(), &session.transport_name),
+        header,
         table,
         exports,
         summary: Summary::default(),
@@ -288,13 +289,12 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
             plan.transport,
             plan.timeout,
             session.abort.clone(),
-            // Tier groups run on host memory (tiers refuses -g).
-            false,
+            plan.gpus > 0,
         )?)
     } else {
         None
     };
-    let world_sweep = bench.whole_job(&mut session.comm)?;
+    let world_sweep = bench.whole_job(&mut session.comm, dev.as_mut())?;
     let concluded = busbw_tiers::run(
         world_sweep,
         &mut session.comm,
@@ -303,7 +303,12 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         &job,
         &topo,
         &opts.tiers,
-    )?;
+        dev.as_mut(),
+    )?
+    .map(|mut c| {
+        c.report.data_path = data_path;
+        c
+    });
 
     // The job's exit code, decided on rank 0.
     let code = match concluded {

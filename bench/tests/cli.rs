@@ -429,7 +429,7 @@ fn bad_flags_are_usage_errors() {
 /// scripts/gpu-check.sh's to test, on a GPU.
 #[test]
 fn gpus_need_the_cuda_build_and_a_driver() {
-    usage_error(&["tiers", "-g", "1"], "drop -g");
+    usage_error(&["tiers", "-g", "2"], "-g 1 at most");
     let ok = run(&["all_reduce_perf", "-b", "8", "-e", "8", "-g", "0"]);
     assert_eq!(
         ok.status.code(),
@@ -438,12 +438,17 @@ fn gpus_need_the_cuda_build_and_a_driver() {
         text(&ok.stderr)
     );
     if !cfg!(feature = "cuda") {
+        usage_error(&["tiers", "-g", "1"], "--features cuda");
         usage_error(&["all_reduce_perf", "-g", "1"], "--features cuda");
         usage_error(&["all_reduce_perf", "-g", "2"], "--features cuda");
         usage_error(&["gpu-bench"], "--features cuda");
     } else if let Err(e) = busbw_collectives::cuda::probe() {
         eprintln!("SKIP the -g 1 run: {e}");
-        for args in [&["all_reduce_perf", "-g", "1"][..], &["gpu-bench"][..]] {
+        for args in [
+            &["all_reduce_perf", "-g", "1"][..],
+            &["tiers", "-g", "1"][..],
+            &["gpu-bench"][..],
+        ] {
             usage_error(args, "no CUDA driver: libcuda.so.1 not found");
             usage_error(args, "install the NVIDIA driver or run without -g");
         }
@@ -462,6 +467,22 @@ fn nccl_library() -> Option<String> {
     wheel.exists().then(|| wheel.to_string_lossy().into_owned())
 }
 
+/// `program --engine nccl` on `np` local ranks with NCCL from `lib`, on a host where joining
+/// fails: its stderr, once the exit code says usage.
+fn joining(lib: &str, program: &str, np: usize) -> String {
+    let np = np.to_string();
+    let out = busbw()
+        .args([
+            program, "--engine", "nccl", "--np", &np, "-b", "8", "-e", "1K", "-T", "60",
+        ])
+        .env("NCCL_LIBRARY", lib)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{program}: usage class: {err}");
+    err
+}
+
 /// `--engine nccl`: the build, the library and the host are each named when missing. With
 /// the real library on a host without a GPU, every rank gets rank 0's unique id through the
 /// store (the same fingerprint in each rank's words), tries to join, and the job ends with a
@@ -472,9 +493,9 @@ fn the_nccl_engine_names_what_it_lacks() {
         &["all_reduce_perf", "--engine", "mpi"],
         "expected own or nccl",
     );
-    usage_error(&["tiers", "--engine", "nccl"], "drop --engine nccl");
     if !cfg!(feature = "cuda") {
         usage_error(&["all_reduce_perf", "--engine", "nccl"], "--features cuda");
+        usage_error(&["tiers", "--engine", "nccl"], "--features cuda");
         return;
     }
     usage_error(
@@ -506,25 +527,8 @@ fn the_nccl_engine_names_what_it_lacks() {
         .and_then(|n| n.version())
         .expect("the library loads")
         .to_string();
-    let out = busbw()
-        .args([
-            "all_reduce_perf",
-            "--engine",
-            "nccl",
-            "--np",
-            "3",
-            "-b",
-            "8",
-            "-e",
-            "1K",
-            "-T",
-            "60",
-        ])
-        .env("NCCL_LIBRARY", &lib)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "usage class: {err}");
+    let err = joining(&lib, "all_reduce_perf", 3);
+
     assert!(
         err.contains(&format!("busbw: engine: NCCL {version} from {lib}")),
         "{err}"
@@ -563,6 +567,13 @@ fn the_nccl_engine_names_what_it_lacks() {
     assert!(
         !err.contains("root cause reported by the job"),
         "a setup error is each rank's own: {err}"
+    );
+    // busbw tiers joins the same way (its groups are then ncclCommSplit of this).
+    let err = joining(&lib, "tiers", 2);
+
+    assert!(
+        err.contains("could not join the communicator of 2 ranks"),
+        "{err}"
     );
 }
 

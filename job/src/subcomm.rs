@@ -61,6 +61,9 @@ pub struct Factory {
     timeout: Duration,
     abort: Abort,
     rank: usize,
+    /// Whether the groups' ranks of one host may map each other's buffers (device buffers
+    /// GPU to GPU: `CommConfig::map_peers`).
+    map_peers: bool,
 }
 
 /// FNV-1a: a stable 64-bit digest of a group's name.
@@ -94,7 +97,16 @@ impl Factory {
             timeout,
             abort,
             rank,
+            map_peers: false,
         })
+    }
+
+    /// Lets the ranks of one host in a group map each other's buffers, as the job's
+    /// communicator does with `--transport shm` or `auto` (device buffers then go GPU to
+    /// GPU inside a group, as in the whole job).
+    pub fn map_peers(mut self, on: bool) -> Self {
+        self.map_peers = on;
+        self
     }
 
     /// The communicator of group `name` whose members are `ranks` (global, ascending; this
@@ -134,6 +146,7 @@ impl Factory {
         let config = CommConfig {
             timeout: self.timeout,
             abort: self.abort.clone(),
+            map_peers: self.map_peers,
             ..CommConfig::default()
         };
         let mut comm = Communicator::new(transport, listener, handles, config)?;

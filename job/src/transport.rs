@@ -146,6 +146,9 @@ pub fn group_factory(
         })
     };
     let token = opts.token.clone();
+    // Device buffers of one host's ranks go GPU to GPU in a group as in the job (the
+    // session's rule for the job's communicator).
+    let map_peers = device_buffers && matches!(kind, TransportKind::Shm | TransportKind::Auto);
     Ok(Factory::new(
         store,
         token,
@@ -153,7 +156,8 @@ pub fn group_factory(
         timeout,
         abort,
         Box::new(transports),
-    )?)
+    )?
+    .map_peers(map_peers))
 }
 
 /// `NCCL_IB_*` from the environment, `--ib-hca` (which clap also fills from `NCCL_IB_HCA`).

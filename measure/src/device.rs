@@ -147,7 +147,7 @@ impl DeviceMem {
     ) {
         match *self {}
     }
-    pub fn split_nccl(&mut self, _color: usize, _key: usize, _size: usize) -> Result<()> {
+    pub fn split_nccl(&mut self, _color: Option<usize>, _key: usize, _size: usize) -> Result<()> {
         match *self {}
     }
     pub fn opened_free(&self) -> u64 {
@@ -394,19 +394,24 @@ mod imp {
             self.nccl_timeout = timeout;
         }
 
-        /// A split of the job (`NCCL_TESTS_SPLIT`): this rank's group, `ncclCommSplit` of
-        /// the job's communicator by `color`, numbered by `key`, `size` ranks. Every rank
-        /// of the job calls it.
-        pub fn split_nccl(&mut self, color: usize, key: usize, size: usize) -> Result<()> {
-            let Some(parent) = self.nccl.take() else {
-                return Err(crate::Error::Usage("no NCCL communicator to split".into()));
+        /// A group of the job (`NCCL_TESTS_SPLIT`, a tier's groups): from now on this rank's
+        /// operations run on `ncclCommSplit` of the job's communicator by `color` (`None`:
+        /// no group this time), numbered by `key`, `size` ranks. Every rank of the job calls
+        /// it, in the same order; each split starts again from the job's communicator.
+        pub fn split_nccl(&mut self, color: Option<usize>, key: usize, size: usize) -> Result<()> {
+            let parent = match self.nccl_parent.take() {
+                Some(p) => p,
+                None => self
+                    .nccl
+                    .take()
+                    .ok_or_else(|| crate::Error::Usage("no NCCL communicator to split".into()))?,
             };
-            let group = parent
-                .split(Some(color), key, size)
+            self.nccl = None;
+            let group = parent.split(color, key, size);
+            self.nccl_parent = Some(parent);
+            self.nccl = group
                 .map_err(|e| crate::Error::Device(Box::new(e)))
                 .context("splitting NCCL's communicator into the groups (ncclCommSplit)")?;
-            self.nccl = group;
-            self.nccl_parent = Some(parent);
             Ok(())
         }
 
@@ -423,7 +428,10 @@ mod imp {
         ) -> Result<Option<f64>> {
             let what = || format!("{} through NCCL", spec.program);
             let Some(comm) = self.nccl.as_mut() else {
-                return Ok(None);
+                return Err(crate::Error::Usage(format!(
+                    "rank {rank}: {} through NCCL outside any group of the split",
+                    spec.program
+                )));
             };
             let gpu = self.dev.gpu();
             let (send, recv) = (
@@ -588,7 +596,7 @@ mod imp {
             let span = sb.max(rb);
             let soff = (self.base + soff).min(self.send.len().saturating_sub(sb));
             let roff = (self.base + roff).min(self.recv.len().saturating_sub(span));
-            if self.nccl.is_some() {
+            if self.nccl.is_some() || self.nccl_parent.is_some() {
                 return self.nccl_op(comm.rank(), spec, ctx, soff, roff, timed);
             }
             let run = spec.run;

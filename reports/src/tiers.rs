@@ -21,6 +21,10 @@ pub struct TierReport {
     pub tiers: Vec<TierRow>,
     pub matrix: Option<LinkMatrix>,
     pub verdict: Verdict,
+    /// Where the groups' device bytes went (`-g`, `--engine nccl`), as the run header's
+    /// `Data path`; `None` for host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -303,11 +307,14 @@ pub fn tier_lines(r: &TierReport) -> Vec<String> {
             "# Topology tiers (preset {}, closest first): {} busbw in GB/s across the groups of each tier, out-of-place",
             r.preset, r.collective
         ),
-        format!(
-            "# {:<16} {:>6} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10}",
-            "tier", "groups", "ranks/group", "unknown", "size", "min", "median", "max"
-        ),
     ];
+    if let Some(p) = &r.data_path {
+        out.push(format!("#   data path: {p}"));
+    }
+    out.extend([format!(
+        "# {:<16} {:>6} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10}",
+        "tier", "groups", "ranks/group", "unknown", "size", "min", "median", "max"
+    )]);
     for t in &r.tiers {
         let ranks = if t.ranks_min == t.ranks_max {
             t.ranks_min.to_string()
@@ -444,6 +451,7 @@ mod tests {
             slow,
         };
         TierReport {
+            data_path: None,
             preset: "oci".into(),
             collective: "all_reduce_perf".into(),
             nodes: vec![NodeInfo {
@@ -584,6 +592,24 @@ mod tests {
         let back: TierReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
         assert!(json.contains("\"suspect_nodes\""));
+    }
+
+    #[test]
+    fn device_groups_say_where_their_bytes_went() {
+        let plain = tier_lines(&sample());
+        assert!(!plain.iter().any(|l| l.contains("data path")), "{plain:#?}");
+        let mut r = sample();
+        r.data_path = Some("own engine, device buffers GPU to GPU (shm)".into());
+        let lines = tier_lines(&r);
+        assert_eq!(
+            lines[2],
+            "#   data path: own engine, device buffers GPU to GPU (shm)"
+        );
+        assert!(lines[3].starts_with("# tier "), "{lines:#?}");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(r#""data_path":"own engine"#), "{json}");
+        let back: TierReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
     }
 
     #[test]

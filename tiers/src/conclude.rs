@@ -139,6 +139,7 @@ pub(crate) fn conclude(
         tiers,
         matrix,
         verdict,
+        data_path: None,
     };
     Conclusion {
         report,

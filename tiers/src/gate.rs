@@ -88,6 +88,7 @@ mod tests {
             tiers,
             matrix: None,
             verdict,
+            data_path: None,
         }
     }
 

@@ -17,6 +17,8 @@ use busbw_collectives::Communicator;
 use busbw_job::Factory;
 use busbw_launchers::topology::{Preset, SourceConfig};
 use busbw_launchers::Store;
+use busbw_measure::device::DeviceMem;
+use busbw_measure::plan::Engine;
 use busbw_measure::{Plan, Summary};
 use busbw_reports::tiers::{GroupResult, TierRow, TierSize};
 use busbw_reports::{Footer, Measured, Row, RunHeader, Sink};
@@ -101,16 +103,23 @@ impl Sink for Collect<'_> {
 }
 
 /// The plan's sweep in one group, shown nowhere; `what` names the group for errors.
-fn group_sweep(comm: &mut Communicator, plan: &Plan, what: &str) -> Result<Sweep, Error> {
+fn group_sweep(
+    comm: &mut Communicator,
+    plan: &Plan,
+    what: &str,
+    dev: Option<&mut DeviceMem>,
+) -> Result<Sweep, Error> {
     let mut rows = Collect {
         inner: None,
         rows: Vec::new(),
     };
     let summary = match (plan.spec.skip)(comm.size()) {
         Some(_) => Summary::default(),
-        None => busbw_measure::run(comm, plan, Some(&mut rows)).map_err(|source| Error::Sweep {
-            what: what.to_string(),
-            source,
+        None => busbw_measure::run_with(comm, plan, Some(&mut rows), dev).map_err(|source| {
+            Error::Sweep {
+                what: what.to_string(),
+                source,
+            }
         })?,
     };
     Ok(Sweep::from_rows(&rows.rows, summary.out_of_bounds))
@@ -125,7 +134,10 @@ fn group_budget(plan: &Plan) -> Duration {
 /// Run the tiers on `comm`, the whole job's communicator, after the program swept the whole
 /// job with `plan` (`world`: what that measured; it is the main table, which the program
 /// shows). `factory` builds the groups' communicators (`None` for a one-rank job, which has
-/// no groups to run). The conclusion comes back on rank 0 only; the others get `None`.
+/// no groups to run). `dev`: the rank's device buffers under `-g` (the groups' sweeps run
+/// on them; under `--engine nccl` on NCCL's split of the job). The conclusion comes back on
+/// rank 0 only; the others get `None`.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     world: Sweep,
     comm: &mut Communicator,
@@ -134,6 +146,7 @@ pub fn run(
     job: &Job,
     topo: &Topology,
     opts: &Options,
+    mut dev: Option<&mut DeviceMem>,
 ) -> Result<Option<Conclusion>, Error> {
     let mut tiers: Vec<TierRow> = Vec::new();
     // The rank sets already measured, and the tier that measured them.
@@ -192,7 +205,15 @@ pub fn run(
             }]
         } else {
             measured.push((sets.clone(), ti));
-            run_groups(plan, rank, factory, job, ti, &groups, &runnable, nodes)?
+            run_groups(
+                plan,
+                rank,
+                factory,
+                job,
+                (ti, &groups, &runnable),
+                nodes,
+                dev.as_deref_mut(),
+            )?
         };
         if !runs.is_empty() && rank == 0 {
             wrong += summarize(&mut row, &groups, &runnable, &runs, &nodes.names);
@@ -256,22 +277,37 @@ fn summarize(
 
 /// Run the collective in every runnable group of tier `ti` at once; on rank 0, every
 /// group's result (in `runnable` order).
-#[allow(clippy::too_many_arguments)]
 fn run_groups(
     plan: &Plan,
     rank: usize,
     factory: Option<&Factory>,
     job: &Job,
-    ti: usize,
-    groups: &[Group],
-    runnable: &[usize],
+    (ti, groups, runnable): (usize, &[Group], &[usize]),
     nodes: &crate::topology::Nodes,
+    mut dev: Option<&mut DeviceMem>,
 ) -> Result<Vec<Sweep>, Error> {
     let key = |g: usize| format!("tiers/t{ti}/g{g}");
-    if let (Some(f), Some(&g)) = (
-        factory,
-        runnable.iter().find(|&&g| groups[g].ranks.contains(&rank)),
-    ) {
+    let mine = runnable.iter().find(|&&g| groups[g].ranks.contains(&rank));
+    if plan.engine == Engine::Nccl {
+        // NCCL's groups: every rank of the job splits its communicator, those in no group
+        // of this tier too (NCCL_SPLIT_NOCOLOR).
+        if let Some(d) = dev.as_deref_mut() {
+            let (color, key, size) = match mine {
+                Some(&g) => {
+                    let members = &groups[g].ranks;
+                    let at = members.iter().position(|&r| r == rank).unwrap_or(0);
+                    (Some(g), at, members.len())
+                }
+                None => (None, 0, 0),
+            };
+            d.split_nccl(color, key, size)
+                .map_err(|source| Error::Sweep {
+                    what: format!("tier {ti}: NCCL's communicator of this rank's group"),
+                    source,
+                })?;
+        }
+    }
+    if let (Some(f), Some(&g)) = (factory, mine) {
         let grp = &groups[g];
         let member_nodes: Vec<usize> = grp.ranks.iter().map(|&r| nodes.of_rank[r]).collect();
         let mut comm = f
@@ -281,7 +317,7 @@ fn run_groups(
                 source: Box::new(source),
             })?;
         let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
-        let run = group_sweep(&mut comm, plan, &what)?;
+        let run = group_sweep(&mut comm, plan, &what, dev)?;
         if comm.rank() == 0 {
             job.store
                 .set(&key(g), &serde_json::to_vec(&run).map_err(Error::from)?)
