@@ -13,9 +13,11 @@
 //! [`run`], which sweeps the groups on `busbw-measure`'s harness. Flags, joining the job,
 //! and exit codes stay with the program.
 
+pub mod adaptive;
 pub mod analysis;
 mod conclude;
 mod error;
+pub mod fabric;
 pub mod gate;
 mod pairwise;
 mod run;
