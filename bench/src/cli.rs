@@ -582,6 +582,12 @@ pub struct TiersArgs {
     /// Skip the pairwise link matrix.
     #[arg(long = "no-pairwise")]
     pub no_pairwise: bool,
+    /// Which pairs of nodes are measured: full (the round robin, every pair, N-1 rounds) or
+    /// adaptive (one round across the widest tier, then the nodes of slow pairs re-paired
+    /// with nodes measured good until each slow pair is explained: rounds grow with the
+    /// faults, not with N; see docs/tiers.md).
+    #[arg(long = "pairwise", default_value = "full", value_parser = ["full", "adaptive"])]
+    pub pairwise: String,
     /// Fail (exit 7) when a tier's slowest group is under 0.9 x this many GB/s at the largest
     /// size: tier=GB/s, repeatable or comma-separated; tier is its name or label key.
     #[arg(long = "min-busbw-tier", value_delimiter = ',')]

@@ -99,6 +99,7 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
             pairwise_size: t.pairwise_size,
             pairwise_iters: t.pairwise_iters,
             pairwise: !t.no_pairwise,
+            adaptive: t.pairwise == "adaptive",
             thresholds,
             slow_fraction: t.slow_fraction,
             label_nodes: label_nodes.is_some(),

@@ -352,7 +352,7 @@ impl Cluster {
     }
 
     /// One rank per node, torchrun variables, store on node0.
-    fn run(&self, port: u16, out_json: &std::path::Path) -> Vec<Output> {
+    fn run(&self, port: u16, out_json: &std::path::Path, extra: &[&str]) -> Vec<Output> {
         let children: Vec<Child> = (0..8)
             .map(|i| {
                 let mut c = Command::new("bash");
@@ -381,6 +381,7 @@ impl Cluster {
                     "--transport",
                     "tcp",
                 ])
+                .args(extra)
                 .arg("--export-json")
                 .arg(out_json.with_extension(format!("{i}.json")));
                 c.env_clear()
@@ -444,7 +445,7 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     let cluster = Cluster::up(tag, throttle);
     let out_json = tmp(&format!("{tag}.json"));
     let start = Instant::now();
-    let outs = cluster.run(port, &out_json);
+    let outs = cluster.run(port, &out_json, &[]);
     let secs = start.elapsed().as_secs_f64();
     let _ = writeln!(
         std::io::stderr(),
@@ -542,6 +543,51 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
 
 fn port(n: u16) -> u16 {
     30000 + (std::process::id() % 1000) as u16 * 8 + n
+}
+
+/// `--pairwise adaptive` (issue 39): one round across the widest tier, then the throttled
+/// node's pairs again with nodes measured good: it is named, nobody else is, in a few
+/// rounds rather than the round robin's 7.
+#[test]
+fn adaptive_pairing_names_the_throttled_node_in_a_few_rounds() {
+    if !can_run_netns("adaptive_pairing_names_the_throttled_node_in_a_few_rounds") {
+        return;
+    }
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up("ada", Some(3));
+    let out_json = tmp("ada.json");
+    let start = Instant::now();
+    let outs = cluster.run(port(3), &out_json, &["--pairwise", "adaptive"]);
+    let secs = start.elapsed().as_secs_f64();
+    let stdout = text(&outs[0].stdout);
+    let all: String = outs
+        .iter()
+        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+        .collect();
+    let _ = writeln!(std::io::stderr(), "adaptive: {secs:.1} s\n{stdout}");
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    assert!(
+        codes.iter().all(|c| *c == Some(7)),
+        "the gate fails: {codes:?}\n{all}"
+    );
+    let report = json(&out_json.with_extension("0.json"));
+    let t = &report["tier_report"];
+    let suspects: Vec<&str> = t["verdict"]["suspect_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(suspects, ["node3"], "{stdout}");
+    assert!(
+        t["verdict"]["slow_links"].as_array().unwrap().is_empty(),
+        "{stdout}"
+    );
+    let rounds = t["matrix"]["rounds"].as_u64().unwrap();
+    let links = t["matrix"]["links"].as_array().unwrap().len();
+    assert!((2..=4).contains(&rounds), "{rounds} rounds: {stdout}");
+    assert!(links < 28, "{links} pairs measured, not all 28: {stdout}");
+    drop(cluster);
 }
 
 #[test]

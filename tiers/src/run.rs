@@ -36,6 +36,9 @@ pub struct Options {
     pub pairwise_size: u64,
     pub pairwise_iters: u32,
     pub pairwise: bool,
+    /// `--pairwise adaptive`: the pairs chosen round by round from the results (issue 39)
+    /// rather than the full round robin.
+    pub adaptive: bool,
     /// (tier name or key, GB/s)
     pub thresholds: Vec<(String, f64)>,
     pub slow_fraction: f64,
