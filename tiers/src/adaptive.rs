@@ -86,6 +86,13 @@ pub struct Pairing {
     met: BTreeSet<(usize, usize)>,
     /// Per tier level: pairs measured and their median (refreshed by each round).
     tier_median: Vec<(usize, f64)>,
+    /// How often each good node was lent as a partner: the least lent go first, so no
+    /// healthy node collects slow pairs with several slow nodes (which a verdict over the
+    /// links, "most of its links slow", would hold against it).
+    lent: BTreeMap<usize, usize>,
+    /// Nodes in any slow pair: lent last, since one more slow pair (with the slow node it
+    /// is lent to) would make most of a good node's few links slow.
+    tainted: BTreeSet<usize>,
 }
 
 fn key(a: usize, b: usize) -> (usize, usize) {
@@ -116,6 +123,8 @@ impl Pairing {
             slow_links: BTreeMap::new(),
             met: BTreeSet::new(),
             tier_median: Vec::new(),
+            lent: BTreeMap::new(),
+            tainted: BTreeSet::new(),
         }
     }
 
@@ -227,8 +236,9 @@ impl Pairing {
     }
 
     /// Every suspect with a good node it has not met, each good node used once, preferring
-    /// a partner across the widest tier (where the expectation is best known).
-    fn repair(&self) -> Vec<(usize, usize)> {
+    /// one never in a slow pair, then the least lent, then a partner across the widest tier (where the expectation is best
+    /// known).
+    fn repair(&mut self) -> Vec<(usize, usize)> {
         let mut free: Vec<usize> = self.good.iter().copied().collect();
         let mut pairs = Vec::new();
         for x in self.suspects() {
@@ -236,10 +246,18 @@ impl Pairing {
                 .iter()
                 .enumerate()
                 .filter(|(_, &g)| g != x && !self.met.contains(&key(x, g)))
-                .max_by_key(|(_, &g)| self.tier(x, g))
+                .min_by_key(|(_, &g)| {
+                    (
+                        self.tainted.contains(&g),
+                        self.lent.get(&g).copied().unwrap_or(0),
+                        std::cmp::Reverse(self.tier(x, g)),
+                    )
+                })
                 .map(|(i, _)| i);
             if let Some(i) = pick {
-                pairs.push(key(x, free.swap_remove(i)));
+                let g = free.swap_remove(i);
+                *self.lent.entry(g).or_insert(0) += 1;
+                pairs.push(key(x, g));
             }
         }
         pairs
@@ -270,6 +288,8 @@ impl Pairing {
             if ga && !gb {
                 self.slow_with_good.entry(b).or_default().push((a, ratio));
             }
+            self.tainted.insert(a);
+            self.tainted.insert(b);
             self.open.push((a, b, ratio));
         }
         self.decide();
@@ -306,6 +326,11 @@ impl Pairing {
         self.open = still;
     }
 
+    /// Every pair measured so far with its bandwidth, in the order measured.
+    pub fn measured(&self) -> Vec<((usize, usize), f64)> {
+        self.seen.iter().map(|s| ((s.a, s.b), s.bw)).collect()
+    }
+
     /// What the rounds so far found.
     pub fn attribution(&self) -> Attribution {
         let mut undecided: BTreeSet<usize> = BTreeSet::new();
@@ -331,12 +356,12 @@ pub fn run(
     domains: Vec<Vec<u32>>,
     settings: Settings,
     mut measure: impl FnMut(&[(usize, usize)]) -> Vec<f64>,
-) -> Attribution {
+) -> Pairing {
     let mut p = Pairing::new(domains, settings);
     while let Some(pairs) = p.next_round() {
         let bw = measure(&pairs);
         let results: Vec<((usize, usize), f64)> = pairs.iter().copied().zip(bw).collect();
         p.record(&results);
     }
-    p.attribution()
+    p
 }

@@ -5,6 +5,10 @@
 //! fault kind.
 
 use crate::adaptive::{self, Attribution, Settings};
+use crate::analysis::{judge, Measured};
+
+/// `busbw tiers`' default `--slow-fraction`.
+const GATE_SLOW_FRACTION: f64 = 0.25;
 use std::collections::BTreeSet;
 
 /// SplitMix64: small, seedable, and the same everywhere.
@@ -119,14 +123,50 @@ impl Fabric {
         bw * (1.0 + self.noise * (2.0 * rng.unit() - 1.0))
     }
 
-    /// The adaptive schedule over this fabric.
-    pub fn run(&self, settings: Settings, rng: &mut Rng) -> Attribution {
-        adaptive::run(self.domains.clone(), settings, |pairs| {
+    /// The adaptive schedule over this fabric: what it attributed itself, and the gate's
+    /// verdict (`analysis::judge` over the pairs it measured, as `busbw tiers --pairwise
+    /// adaptive` reports it) in the same form.
+    pub fn run(&self, settings: Settings, rng: &mut Rng) -> (Attribution, Attribution) {
+        let p = adaptive::run(self.domains.clone(), settings, |pairs| {
             pairs
                 .iter()
                 .map(|&(a, b)| self.measure(a, b, rng))
                 .collect()
-        })
+        });
+        let own = p.attribution();
+        let names: Vec<String> = (0..self.domains.len()).map(|i| i.to_string()).collect();
+        let measured: Vec<Measured> = p
+            .measured()
+            .into_iter()
+            .map(|((a, b), bw)| Measured {
+                a,
+                b,
+                tier: self.tier(a, b).to_string(),
+                busbw: bw,
+            })
+            .collect();
+        let j = judge(&names, &measured, GATE_SLOW_FRACTION);
+        let node = |s: &str| s.parse::<usize>().unwrap_or(usize::MAX);
+        let ratio = |m: f64, e: f64| m / e.max(f64::MIN_POSITIVE);
+        let gate = Attribution {
+            slow_nodes: j
+                .suspects
+                .iter()
+                .map(|s| (node(&s.node), ratio(s.measured, s.expected)))
+                .collect(),
+            slow_links: j
+                .unexplained
+                .iter()
+                .map(|l| {
+                    let (a, b) = (node(&l.a), node(&l.b));
+                    ((a.min(b), a.max(b)), ratio(l.busbw, l.expected))
+                })
+                .collect(),
+            undecided: own.undecided.clone(),
+            rounds: own.rounds,
+            pairs: own.pairs,
+        };
+        (own, gate)
     }
 
     /// How `found` scores against the faults: (true, false, missed) for nodes and links.
@@ -215,7 +255,7 @@ pub fn table_row(n: usize, k: usize, m: usize, trials: usize, seed: u64) -> Row 
         let mut rng = Rng::new(seed ^ (t as u64).wrapping_mul(0x9e37_79b9));
         let f = Fabric::nested(n, &[8, 8, 16], vec![25.0, 12.5, 6.25, 3.125], 0.03)
             .with_faults(k, m, 0.3, &mut rng);
-        let a = f.run(Settings::default(), &mut rng);
+        let (_, a) = f.run(Settings::default(), &mut rng);
         let s = f.score(&a);
         nodes.add(s.nodes);
         links.add(s.links);
@@ -251,7 +291,7 @@ mod tests {
         let mut rng = Rng::new(7);
         let mut f = Fabric::nested(8, &[2, 2], vec![25.0, 12.5, 6.25], 0.03);
         f.slow_nodes.push((5, 0.3));
-        let a = f.run(Settings::default(), &mut rng);
+        let (_, a) = f.run(Settings::default(), &mut rng);
         assert_eq!(
             a.slow_nodes.iter().map(|x| x.0).collect::<Vec<_>>(),
             [5],
@@ -262,7 +302,7 @@ mod tests {
         let mut f = Fabric::nested(8, &[2, 2], vec![25.0, 12.5, 6.25], 0.03);
         // A link the first round measures (the widest tier pairs node i with i + 4).
         f.slow_links.push(((1, 5), 0.3));
-        let a = f.run(Settings::default(), &mut rng);
+        let (_, a) = f.run(Settings::default(), &mut rng);
         assert_eq!(
             a.slow_links.iter().map(|x| x.0).collect::<Vec<_>>(),
             [(1, 5)],
@@ -276,7 +316,7 @@ mod tests {
     fn a_healthy_fabric_is_one_round_and_nobody_is_named() {
         let mut rng = Rng::new(3);
         let f = Fabric::nested(1000, &[8, 8, 16], vec![25.0, 12.5, 6.25, 3.125], 0.03);
-        let a = f.run(Settings::default(), &mut rng);
+        let (_, a) = f.run(Settings::default(), &mut rng);
         assert_eq!(a.rounds, 1, "{a:?}");
         assert_eq!(a.pairs, 500);
         assert!(a.slow_nodes.is_empty() && a.slow_links.is_empty() && a.undecided.is_empty());
@@ -288,7 +328,7 @@ mod tests {
         let mut f = Fabric::nested(9, &[3], vec![25.0, 12.5], 0.02);
         // Whichever node sits out the first round, a slow one is still found.
         f.slow_nodes.push((8, 0.3));
-        let a = f.run(Settings::default(), &mut rng);
+        let (_, a) = f.run(Settings::default(), &mut rng);
         assert_eq!(
             a.slow_nodes.iter().map(|x| x.0).collect::<Vec<_>>(),
             [8],
