@@ -216,4 +216,36 @@ mod tests {
         );
         assert!(matches!(f, Err(BuildError::MalformedJob)));
     }
+
+    /// Groups' communicators let one host's ranks map each other's buffers only when asked
+    /// (device buffers over shm/auto): the GPU-to-GPU path agrees on it per communicator.
+    #[test]
+    fn a_group_maps_peers_only_when_asked() {
+        let tcp = crate::transport::TcpSetup {
+            bind: std::net::IpAddr::from([127, 0, 0, 1]),
+            advertise: None,
+            threads: 1,
+            socks_per_thread: 1,
+        };
+        for on in [false, true] {
+            let store = Arc::new(MemoryStore::new());
+            store.set("job", b"42").unwrap();
+            let f = Factory::new(
+                store,
+                None,
+                0,
+                Duration::from_secs(5),
+                Abort::new(),
+                Box::new(
+                    move |id: Identity| -> Result<Box<dyn Transport>, BoxError> {
+                        Ok(crate::transport::tcp_transport(id, tcp))
+                    },
+                ),
+            )
+            .unwrap()
+            .map_peers(on);
+            let comm = f.build("t0/g0", &[0], &[0]).unwrap();
+            assert_eq!(comm.config().map_peers, on);
+        }
+    }
 }
