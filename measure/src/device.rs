@@ -456,7 +456,9 @@ mod imp {
                 self.timer.stop(gpu)?;
             }
             let gpu = &*gpu;
-            comm.wait(&what(), self.nccl_timeout, &mut || {
+            // The program's name, not a formatted one: this runs for every operation, and the
+            // words are only needed on a failure (`nccl_error` adds them).
+            comm.wait(spec.program, self.nccl_timeout, &mut || {
                 gpu.stream_done().map_err(|e| e.to_string())
             })
             .map_err(|e| nccl_error(rank, what(), e))?;
