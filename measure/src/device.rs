@@ -184,7 +184,7 @@ mod imp {
     use crate::specs::{Buf, Fill, Gen};
     use busbw_collectives::algorithms::peer;
     use busbw_collectives::cuda::device::{
-        CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Pinned,
+        CudaError, DeviceBuffer, EventTimer, Gpu, GpuInfo, Marks, Pinned,
     };
     use busbw_collectives::cuda::gpudirect;
     use busbw_collectives::cuda::offload::CudaOffload;
@@ -213,6 +213,8 @@ mod imp {
         nccl: Option<NcclComm>,
         nccl_parent: Option<NcclComm>,
         nccl_timeout: std::time::Duration,
+        /// The boundaries of a deferred loop's iterations (`-z 0` through NCCL).
+        marks: Marks,
     }
 
     type NcclComm = busbw_collectives::nccl::Comm<'static>;
@@ -361,6 +363,7 @@ mod imp {
             let choice = select_device(slot, visible, env.as_deref(), cvd.as_deref())?;
             let gpu = Gpu::open(choice.index)?;
             let timer = gpu.timer()?;
+            let marks = gpu.marks();
             let (send, recv) = (gpu.alloc(1)?, gpu.alloc(1)?);
             let (hsend, hrecv) = (gpu.alloc_pinned(1)?, gpu.alloc_pinned(1)?);
             let info = gpu.info().clone();
@@ -379,6 +382,7 @@ mod imp {
                 nccl: None,
                 nccl_parent: None,
                 nccl_timeout: std::time::Duration::from_secs(300),
+                marks,
             })
         }
 
@@ -426,7 +430,30 @@ mod imp {
             roff: usize,
             timed: bool,
         ) -> Result<Option<f64>> {
-            let what = || format!("{} through NCCL", spec.program);
+            if timed {
+                self.timer.start(self.dev.gpu())?;
+            }
+            self.nccl_enqueue(rank, spec, ctx, soff, roff)?;
+            if timed {
+                self.timer.stop(self.dev.gpu())?;
+            }
+            self.nccl_wait(rank, spec)?;
+            if timed {
+                return Ok(Some(self.timer.elapsed_s()?));
+            }
+            Ok(None)
+        }
+
+        /// Enqueues one operation through NCCL on the device buffers at `soff` and `roff`
+        /// (already placed by [`DeviceMem::place`]), without waiting for it.
+        fn nccl_enqueue(
+            &mut self,
+            rank: usize,
+            spec: &CollectiveSpec,
+            ctx: &DataCtx,
+            soff: usize,
+            roff: usize,
+        ) -> Result<()> {
             let Some(comm) = self.nccl.as_mut() else {
                 return Err(crate::Error::Usage(format!(
                     "rank {rank}: {} through NCCL outside any group of the split",
@@ -439,33 +466,85 @@ mod imp {
                 gpu.address(&self.recv, roff)?,
             );
             let stream = gpu.raw_stream();
-            if timed {
-                self.timer.start(gpu)?;
-            }
             // SAFETY: the device's own stream; the descriptors' addresses lie inside the send
             // and receive buffers, which `reserve` sized for the row and which outlive the
-            // wait below.
+            // wait that follows (`nccl_wait`, or `settle` after a deferred loop: buffers are
+            // replaced only between cells).
             let mut ops = unsafe { Enqueue::new(comm, stream) };
             let mut call = NcclCall {
                 ops: &mut ops,
                 send,
                 recv,
             };
-            (spec.nccl)(&mut call, ctx).map_err(|e| nccl_error(rank, what(), e))?;
-            if timed {
-                self.timer.stop(gpu)?;
-            }
-            let gpu = &*gpu;
+            (spec.nccl)(&mut call, ctx)
+                .map_err(|e| nccl_error(rank, format!("{} through NCCL", spec.program), e))
+        }
+
+        /// Waits for everything enqueued on the stream, polling NCCL's asynchronous error;
+        /// aborts the communicator after `-T`.
+        fn nccl_wait(&mut self, rank: usize, spec: &CollectiveSpec) -> Result<()> {
+            let Some(comm) = self.nccl.as_mut() else {
+                return Ok(());
+            };
+            let gpu = &*self.dev.gpu();
             // The program's name, not a formatted one: this runs for every operation, and the
             // words are only needed on a failure (`nccl_error` adds them).
             comm.wait(spec.program, self.nccl_timeout, &mut || {
                 gpu.stream_done().map_err(|e| e.to_string())
             })
-            .map_err(|e| nccl_error(rank, what(), e))?;
-            if timed {
-                return Ok(Some(self.timer.elapsed_s()?));
+            .map_err(|e| nccl_error(rank, format!("{} through NCCL", spec.program), e))
+        }
+
+        /// `-z 0` through NCCL, as nccl-tests runs it: the timed loop enqueues every
+        /// operation (each iteration's `-m` operations in one group) and waits once, and the
+        /// iterations' times are events recorded between them. `None` on busbw's own engine,
+        /// whose operations complete on the host.
+        pub fn deferred(&mut self) -> Option<&mut DeviceMem> {
+            self.nccl.is_some().then_some(self)
+        }
+
+        /// Before a deferred loop: its first boundary.
+        pub fn defer_open(&mut self) -> Result<()> {
+            self.marks.clear();
+            Ok(self.marks.record(self.dev.gpu())?)
+        }
+
+        /// Starts an iteration of `agg` deferred operations: a group when there are several.
+        pub fn defer_iteration(&mut self, rank: usize, agg: usize) -> Result<()> {
+            match self.nccl.as_mut() {
+                Some(c) if agg > 1 => c
+                    .group_start()
+                    .map_err(|e| nccl_error(rank, "opening an iteration's group".into(), e)),
+                _ => Ok(()),
             }
-            Ok(None)
+        }
+
+        /// One deferred operation with its data `off` bytes in.
+        pub fn defer_op(
+            &mut self,
+            rank: usize,
+            spec: &CollectiveSpec,
+            ctx: &DataCtx,
+            off: usize,
+        ) -> Result<()> {
+            let (soff, roff) = self.place(ctx, off, off);
+            self.nccl_enqueue(rank, spec, ctx, soff, roff)
+        }
+
+        /// Ends an iteration: launches its group, records its boundary.
+        pub fn defer_iteration_done(&mut self, rank: usize, agg: usize) -> Result<()> {
+            if let Some(c) = self.nccl.as_mut().filter(|_| agg > 1) {
+                c.group_end()
+                    .map_err(|e| nccl_error(rank, "launching an iteration's group".into(), e))?;
+            }
+            Ok(self.marks.record(self.dev.gpu())?)
+        }
+
+        /// Waits for the whole deferred loop (at most `-T`), and returns each iteration's
+        /// seconds, from its boundaries.
+        pub fn defer_settle(&mut self, rank: usize, spec: &CollectiveSpec) -> Result<Vec<f64>> {
+            self.nccl_wait(rank, spec)?;
+            Ok(self.marks.stretches_s()?)
         }
 
         /// `-u`: the send and receive data start `bytes` into their buffers (which the
@@ -581,6 +660,17 @@ mod imp {
                 .max(1)
         }
 
+        /// Where an operation's send and receive data start for offsets `soff` and `roff`
+        /// into the rotation: after `-u`'s bytes, kept inside the buffers.
+        fn place(&self, ctx: &DataCtx, soff: usize, roff: usize) -> (usize, usize) {
+            let sb = ctx.counts.send_bytes;
+            let span = sb.max(ctx.counts.recv_bytes);
+            (
+                (self.base + soff).min(self.send.len().saturating_sub(sb)),
+                (self.base + roff).min(self.recv.len().saturating_sub(span)),
+            )
+        }
+
         /// One operation on device data: the collective runs on the pinned twins in the
         /// device's memory space, so ring, chain and tree reduce on the device and copy per
         /// segment, overlapped with the network, and the other algorithms are staged around
@@ -596,8 +686,7 @@ mod imp {
         ) -> Result<Option<f64>> {
             let (sb, rb) = (ctx.counts.send_bytes, ctx.counts.recv_bytes);
             let span = sb.max(rb);
-            let soff = (self.base + soff).min(self.send.len().saturating_sub(sb));
-            let roff = (self.base + roff).min(self.recv.len().saturating_sub(span));
+            let (soff, roff) = self.place(ctx, soff, roff);
             if self.nccl.is_some() || self.nccl_parent.is_some() {
                 return self.nccl_op(comm.rank(), spec, ctx, soff, roff, timed);
             }

@@ -145,6 +145,54 @@ impl EventTimer {
     }
 }
 
+/// Events recorded on the compute stream at the boundaries of a run of enqueued work (the
+/// iterations of `-z 0` on NCCL), read once after one wait: each stretch's time without a
+/// synchronisation between them, as nccl-tests' `-I` records them.
+pub struct Marks {
+    events: Vec<CudaEvent>,
+    used: usize,
+}
+
+impl Marks {
+    /// Forgets the marks recorded (their events are reused).
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// Records the next mark behind everything enqueued so far.
+    pub fn record(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
+        if self.used == self.events.len() {
+            let ev = drv(
+                "creating a timing event",
+                gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+            )?;
+            self.events.push(ev);
+        }
+        drv(
+            "recording a mark",
+            self.events[self.used].record(&gpu.stream),
+        )?;
+        self.used += 1;
+        Ok(())
+    }
+
+    /// Seconds between successive marks (one fewer than recorded); waits for the last.
+    pub fn stretches_s(&self) -> Result<Vec<f64>, CudaError> {
+        let marks = &self.events[..self.used];
+        let Some(last) = marks.last() else {
+            return Ok(Vec::new());
+        };
+        drv("waiting for the last mark", last.synchronize())?;
+        marks
+            .windows(2)
+            .map(|w| {
+                let ms = drv("reading event time", w[0].elapsed_ms(&w[1]))?;
+                Ok(ms as f64 / 1e3)
+            })
+            .collect()
+    }
+}
+
 impl Gpu {
     /// Opens device `index` (an index among the visible devices).
     pub fn open(index: usize) -> Result<Gpu, CudaError> {
@@ -229,6 +277,14 @@ impl Gpu {
             start: ev()?,
             stop: ev()?,
         })
+    }
+
+    /// An empty set of marks on this device's stream.
+    pub fn marks(&self) -> Marks {
+        Marks {
+            events: Vec::new(),
+            used: 0,
+        }
     }
 
     /// Free memory on the device, bytes.

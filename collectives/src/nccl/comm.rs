@@ -209,6 +209,21 @@ impl<'a> Comm<'a> {
         }
     }
 
+    /// Opens a group that the calls up to [`Comm::group_end`] join: `-m`'s aggregated
+    /// operations, launched together as nccl-tests launches them.
+    pub fn group_start(&mut self) -> Result<(), NcclError> {
+        // SAFETY: no arguments.
+        let r = unsafe { (self.nccl.group_start)() };
+        self.check("ncclGroupStart", r)
+    }
+
+    /// Launches the group [`Comm::group_start`] opened.
+    pub fn group_end(&mut self) -> Result<(), NcclError> {
+        // SAFETY: no arguments; the caller opened the group.
+        let r = unsafe { (self.nccl.group_end)() };
+        self.check("ncclGroupEnd", r)
+    }
+
     /// `f` between `ncclGroupStart` and `ncclGroupEnd`: point-to-point calls of one
     /// collective, launched together.
     pub fn group(

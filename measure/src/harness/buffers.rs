@@ -84,6 +84,29 @@ pub(super) trait Memory {
         checked: std::ops::Range<usize>,
         corrupt: bool,
     ) -> Result<u64>;
+    /// Where this memory's operations run on a stream that a timed loop may fill before
+    /// waiting (`-z 0` through NCCL), that stream's loop; `None` where each operation
+    /// completes before the next starts.
+    fn deferred(&mut self) -> Option<&mut dyn Deferred> {
+        None
+    }
+}
+
+/// `-z 0` as nccl-tests runs it on NCCL: the timed loop enqueues every operation (each
+/// iteration's `-m` operations as one group) and waits once at the end, so the row pays one
+/// synchronisation, not one per operation; each iteration's time is read from boundaries
+/// recorded on the stream between them.
+pub(super) trait Deferred {
+    /// Before the loop: its first boundary. `rank` names this rank in errors.
+    fn open(&mut self, rank: usize) -> Result<()>;
+    /// An iteration of `agg` operations begins.
+    fn iteration(&mut self, rank: usize, agg: usize) -> Result<()>;
+    /// Enqueues one operation with its data `off` bytes in, without waiting for it.
+    fn enqueue(&mut self, spec: &CollectiveSpec, ctx: &DataCtx, off: usize) -> Result<()>;
+    /// The iteration is enqueued: its group launched, its boundary recorded.
+    fn iteration_done(&mut self, rank: usize, agg: usize) -> Result<()>;
+    /// Waits for everything enqueued (at most `-T`); each iteration's seconds.
+    fn settle(&mut self, rank: usize, spec: &CollectiveSpec) -> Result<Vec<f64>>;
 }
 
 impl Memory for Buffers {
@@ -184,5 +207,28 @@ impl Memory for DeviceMem {
         corrupt: bool,
     ) -> Result<u64> {
         DeviceMem::validate(self, comm, spec, vctx, checked, corrupt)
+    }
+    #[cfg(feature = "cuda")]
+    fn deferred(&mut self) -> Option<&mut dyn Deferred> {
+        DeviceMem::deferred(self).map(|d| d as &mut dyn Deferred)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Deferred for DeviceMem {
+    fn open(&mut self, _rank: usize) -> Result<()> {
+        self.defer_open()
+    }
+    fn iteration(&mut self, rank: usize, agg: usize) -> Result<()> {
+        self.defer_iteration(rank, agg)
+    }
+    fn enqueue(&mut self, spec: &CollectiveSpec, ctx: &DataCtx, off: usize) -> Result<()> {
+        self.defer_op(ctx.rank, spec, ctx, off)
+    }
+    fn iteration_done(&mut self, rank: usize, agg: usize) -> Result<()> {
+        self.defer_iteration_done(rank, agg)
+    }
+    fn settle(&mut self, rank: usize, spec: &CollectiveSpec) -> Result<Vec<f64>> {
+        self.defer_settle(rank, spec)
     }
 }

@@ -22,7 +22,7 @@ mod meter;
 use crate::device::DeviceMem;
 use crate::error::{Context, Error, Result};
 use crate::plan::Plan;
-use crate::specs::{DataCtx, Redop};
+use crate::specs::{CollectiveSpec, DataCtx, Redop};
 use buffers::{alloc, Buffers, Memory};
 use busbw_collectives::select::{calibrate, Algo, CostModel};
 use busbw_collectives::{all_reduce_values, barrier, Communicator, DataType, ReduceOp};
@@ -378,23 +378,35 @@ fn bench(
     // The host clock gives the row's time (and -z's barriers); the laps are the memory's
     // own when it times operations itself.
     let mut clock = Clock::start(plan);
-    let mut own_laps: Option<Vec<f64>> = None;
-    let mut lap = 0.0;
-    for k in 0..total_ops {
-        let off = span * (k % shifts);
-        if let Some(t) = mem.op(comm, spec, ctx, off, true)? {
-            lap += t;
-            own_laps.get_or_insert_with(|| Vec::with_capacity(plan.iters as usize));
+    let rank = comm.rank();
+    let (secs, laps) = match mem.deferred().filter(|_| plan.blocking == 0) {
+        Some(d) => {
+            let laps = deferred_loop(d, rank, spec, ctx, plan, span, shifts)?;
+            (clock.per_op(total_ops), laps)
         }
-        clock.after_op(comm, k)?;
-        if let Some(laps) = own_laps.as_mut().filter(|_| (k + 1) % agg == 0) {
-            laps.push(lap / agg as f64);
-            lap = 0.0;
+        None => {
+            let mut own_laps: Option<Vec<f64>> = None;
+            let mut lap = 0.0;
+            for k in 0..total_ops {
+                let off = span * (k % shifts);
+                if let Some(t) = mem.op(comm, spec, ctx, off, true)? {
+                    lap += t;
+                    own_laps.get_or_insert_with(|| Vec::with_capacity(plan.iters as usize));
+                }
+                clock.after_op(comm, k)?;
+                if let Some(laps) = own_laps.as_mut().filter(|_| (k + 1) % agg == 0) {
+                    laps.push(lap / agg as f64);
+                    lap = 0.0;
+                }
+            }
+            let secs = clock.per_op(total_ops);
+            (
+                secs,
+                own_laps.unwrap_or_else(|| std::mem::take(&mut clock.laps)),
+            )
         }
-    }
-    let secs = clock.per_op(total_ops);
-    let laps = own_laps.as_deref().unwrap_or(&clock.laps);
-    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, laps)?;
+    };
+    let (t, algbw, busbw, detail) = timing(comm, plan, ctx, secs, &laps)?;
 
     let corrupt = plan.corrupt_rank == Some(ctx.rank);
     let wrong = checks(
@@ -406,6 +418,33 @@ fn bench(
         |comm, vctx, checked| mem.validate(comm, spec, vctx, checked, corrupt),
     )?;
     Ok(cell(t, algbw, busbw, wrong, detail))
+}
+
+/// The timed loop of a memory that defers (`-z 0` through NCCL): every iteration enqueued,
+/// its `-m` operations together, the buffer offsets rotating as in the host loop, then one
+/// wait. Returns the laps: each iteration's seconds per operation.
+fn deferred_loop(
+    d: &mut dyn buffers::Deferred,
+    rank: usize,
+    spec: &CollectiveSpec,
+    ctx: &DataCtx,
+    plan: &Plan,
+    span: usize,
+    shifts: usize,
+) -> Result<Vec<f64>> {
+    let agg = plan.agg_iters.max(1) as usize;
+    d.open(rank)?;
+    let mut k = 0;
+    for _ in 0..plan.iters {
+        d.iteration(rank, agg)?;
+        for _ in 0..agg {
+            d.enqueue(spec, ctx, span * (k % shifts))?;
+            k += 1;
+        }
+        d.iteration_done(rank, agg)?;
+    }
+    let iterations = d.settle(rank, spec)?;
+    Ok(iterations.into_iter().map(|t| t / agg as f64).collect())
 }
 
 #[cfg(test)]
@@ -523,5 +562,84 @@ mod tests {
         assert_eq!(positions_of_64("4K", "max"), (40, 39 * 64));
         // 0: never moved.
         assert_eq!(positions_of_64("4K", "0"), (1, 0));
+    }
+
+    /// A stream-like memory that records what the deferred loop asked of it.
+    #[derive(Default)]
+    struct Stream {
+        log: Vec<String>,
+        enqueued: usize,
+    }
+
+    impl buffers::Deferred for Stream {
+        fn open(&mut self, rank: usize) -> Result<()> {
+            self.log.push(format!("open {rank}"));
+            Ok(())
+        }
+        fn iteration(&mut self, _rank: usize, agg: usize) -> Result<()> {
+            self.log.push(format!("iteration of {agg}"));
+            Ok(())
+        }
+        fn enqueue(&mut self, _spec: &CollectiveSpec, _ctx: &DataCtx, off: usize) -> Result<()> {
+            self.log.push(format!("op at {off}"));
+            self.enqueued += 1;
+            Ok(())
+        }
+        fn iteration_done(&mut self, _rank: usize, _agg: usize) -> Result<()> {
+            self.log.push("done".into());
+            Ok(())
+        }
+        fn settle(&mut self, _rank: usize, _spec: &CollectiveSpec) -> Result<Vec<f64>> {
+            self.log.push("settle".into());
+            // Each iteration took 10 ms more than the one before.
+            let iters = self.log.iter().filter(|l| *l == "done").count();
+            Ok((1..=iters).map(|i| i as f64 * 0.01).collect())
+        }
+    }
+
+    #[test]
+    fn a_deferred_loop_enqueues_every_iteration_as_a_group_and_waits_once() {
+        let spec = crate::specs::find("all_reduce").unwrap();
+        let mut plan = Plan::defaults(spec);
+        plan.iters = 3;
+        plan.agg_iters = 2;
+        let ctx = DataCtx {
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            seed: 7,
+            rank: 1,
+            nranks: 2,
+            root: 0,
+            counts: (spec.counts)(256, DataType::Float32, 2),
+            in_place: false,
+            algo: Algo::Ring,
+            model: None,
+        };
+        let mut s = Stream::default();
+        // 256-byte operations rotating over 4 positions.
+        let laps = deferred_loop(&mut s, 1, spec, &ctx, &plan, 256, 4).unwrap();
+        let expect = [
+            "open 1",
+            "iteration of 2",
+            "op at 0",
+            "op at 256",
+            "done",
+            "iteration of 2",
+            "op at 512",
+            "op at 768",
+            "done",
+            "iteration of 2",
+            "op at 0",
+            "op at 256",
+            "done",
+            "settle",
+        ];
+        assert_eq!(s.log, expect);
+        // Each iteration's time per operation: its boundaries' time over -m.
+        let want = [0.005, 0.01, 0.015];
+        assert!(
+            laps.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{laps:?}"
+        );
     }
 }
