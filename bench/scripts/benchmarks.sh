@@ -29,7 +29,8 @@
 # scripts' settings, to be corrected from the per-target wall times this script prints):
 # about 20 minutes for the targets without special needs (OpenMPI 2 x ~4, sweep fidelity
 # ~4, algorithms ~4, kernels, engine, rendezvous, peak RSS ~2 together, fuzz ~2, soak 2),
-# plus ~3 with root for the simulated cluster and ~8 for the SoftRoCE bed (qemu under TCG),
+# plus ~3 with root for the simulated cluster, ~18 for the gate's trials, and ~8 for the
+# SoftRoCE bed (qemu under TCG),
 # plus cargo's build time of anything stale. Run it on a quiet machine: every figure is a
 # ratio to a peer measured in the same run, alternating, but two cores leave no slack.
 #
@@ -40,7 +41,7 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-ALL=(openmpi-shm openmpi-tcp sweep-fidelity algos cluster-iperf3 cluster-openmpi peak-rss
+ALL=(openmpi-shm openmpi-tcp sweep-fidelity algos cluster-iperf3 cluster-openmpi gate peak-rss
     kernels engine rendezvous rdma-perftest fuzz soak gpu)
 BUILD=1 QUICK=0 NOCARGO=0 ONLY="" OUT="" UPDATE="" LOGS=""
 die() { echo "benchmarks.sh: $*" >&2; exit 2; }
@@ -113,6 +114,8 @@ GOAL[cluster-iperf3]="busbw >= 0.98 of iperf3's goodput on the same 1 Gbit/s lin
 PEER[cluster-iperf3]="iperf3, one TCP stream, same run"
 GOAL[cluster-openmpi]="8 B faster than OpenMPI; 32 MiB >= 0.98 of iperf3"
 PEER[cluster-openmpi]="OpenMPI \`MPI_Allreduce\` across the namespaces, alternating; iperf3"
+GOAL[gate]="the gate on 8 simulated nodes names exactly the fault in >= 9 of 10 trials per fault case, passes 10 of 10 healthy runs, median time to the verdict <= 30 s (issue 39)"
+PEER[gate]="the injected fault (throttled node, link, flapping node) and the healthy cluster, same run"
 GOAL[peak-rss]="peak RSS per rank <= 3 x largest buffer + 64 MiB"
 PEER[peak-rss]="the bound itself"
 GOAL[kernels]="bfloat16 and half sum >= 0.7 of memcpy at the best tier, 64 MiB and 256 KiB (issue 20, point 4)"
@@ -416,6 +419,26 @@ t_fuzz() {
         out = out (out ? ", " : "") $2 " " $5 }
         END { if (n) printf "%d crashing inputs, %d of %d targets failed; executions in %s s each: %s",
               crashes, bad, n, secs, out }' secs="$secs" "$LOGS/$t.log")
+    [[ -n ${FIG[$t]} ]] || fail "$t" "$rc"
+}
+
+# ---- The gate: gate-trials.sh -------------------------------------------------------------
+t_gate() {
+    local t=gate trials need
+    trials=$(q 10 3)
+    CMD[$t]="sudo bench/scripts/gate-trials.sh --trials $trials"
+    need=$(cluster_needs)
+    [[ -z $need ]] || { skip "$t" "$need"; return; }
+    bash "$HERE/gate-trials.sh" --no-build --trials "$trials" >"$LOGS/$t.log" 2>&1
+    local rc=$?
+    # "# node      exact 10 of 10   median  24.4 s   slowest  25.1 s", one line per case.
+    FIG[$t]=$(awk '/^# [a-z]+ +exact +[0-9]+ of +[0-9]+ +median/ {
+            c = $2; e = $4; n = $6; m = $8
+            ok = (c == "healthy") ? (e == n) : (e >= 0.9 * n)
+            ok = ok && m <= 30
+            if (!ok) bad = 1
+            out = out (out ? "; " : "") sprintf("%s %d/%d exact, median %.1f s", c, e, n, m)
+        } END { if (out) printf "%s%s", out, bad ? " (**missed**)" : " (met)" }' "$LOGS/$t.log")
     [[ -n ${FIG[$t]} ]] || fail "$t" "$rc"
 }
 

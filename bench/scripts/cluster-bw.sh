@@ -45,19 +45,9 @@ if ! command -v iperf3 >/dev/null; then
     exit 2
 fi
 
-if [[ -n ${BUSBW:-} ]]; then
-    BIN=$BUSBW
-else
-    BIN="$ROOT/target/release/busbw"
-    if ((BUILD)); then
-        echo "# building: cargo build --release -p busbw" >&2
-        cargo build --release -p busbw --manifest-path "$ROOT/Cargo.toml" >&2
-    fi
-fi
-[[ -x $BIN ]] || { echo "cluster-bw.sh: no busbw binary at $BIN" >&2; exit 2; }
-
 # shellcheck source=bench/scripts/sim-lib.sh
 . "$ROOT/bench/scripts/sim-lib.sh"
+sim_binary
 # The shaped rate in bits/s (tc syntax: 1gbit, 500mbit, 100mbps ...).
 rate_bits() {
     local r=${1,,} n

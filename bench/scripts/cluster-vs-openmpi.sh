@@ -63,22 +63,13 @@ for tool in mpicc mpirun iperf3; do
         die "$tool is missing; install with: apt-get install -y openmpi-bin libopenmpi-dev iperf3"
 done
 
-if [[ -n ${BUSBW:-} ]]; then
-    BIN=$BUSBW
-else
-    BIN="$ROOT/target/release/busbw"
-    if ((BUILD)); then
-        echo "# building: cargo build --release -p busbw" >&2
-        cargo build --release -p busbw --manifest-path "$ROOT/Cargo.toml" >&2
-    fi
-fi
-[[ -x $BIN ]] || die "no busbw binary at $BIN"
 mkdir -p "$ROOT/target/peer"
 PEER="$ROOT/target/peer/mpi_allreduce"
 mpicc -O2 -o "$PEER" "$ROOT/bench/peer/mpi_allreduce.c"
 
 # shellcheck source=bench/scripts/sim-lib.sh
 . "$ROOT/bench/scripts/sim-lib.sh"
+sim_binary
 
 NAME="cvo$$"
 WORK=$(mktemp -d /tmp/cluster-vs-openmpi.XXXXXX)

@@ -37,3 +37,18 @@ sim_iperf3() {
     [[ -n $v ]] || { cat "$work/iperf3" >&2; echo "${0##*/}: no iperf3 figure" >&2; exit 1; }
     echo "$v"
 }
+
+# The busbw binary the script runs, in BIN: $BUSBW, else target/release/busbw under ROOT,
+# built first when BUILD is 1. Exits the script with a message when there is none.
+sim_binary() {
+    if [[ -n ${BUSBW:-} ]]; then
+        BIN=$BUSBW
+    else
+        BIN="$ROOT/target/release/busbw"
+        if ((BUILD)); then
+            echo "# building: cargo build --release -p busbw" >&2
+            cargo build --release -p busbw --manifest-path "$ROOT/Cargo.toml" >&2
+        fi
+    fi
+    [[ -x $BIN ]] || { echo "${0##*/}: no busbw binary at $BIN" >&2; exit 2; }
+}

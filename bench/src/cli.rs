@@ -242,6 +242,28 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
+/// A duration: seconds, or a number with `s`, `m` or `h` (`30s`, `2m`, `1.5h`).
+pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("'{s}': the unit is s, m or h (e.g. 30s, 2m)")),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| format!("'{s}' is not a positive duration (e.g. 30s, 2m)"))?;
+    Ok(std::time::Duration::from_secs_f64(v * scale))
+}
+
 /// nccl-tests' program names as busbw's own: invoked through a link named `all_reduce_perf`
 /// (or an MPI build's `all_reduce_perf_mpi`), busbw runs `busbw all_reduce_perf`, so scripts
 /// and manifests that call nccl-tests' binaries run busbw unchanged.
@@ -586,8 +608,18 @@ pub struct TiersArgs {
     /// adaptive (one round across the widest tier, then the nodes of slow pairs re-paired
     /// with nodes measured good until each slow pair is explained: rounds grow with the
     /// faults, not with N; see docs/tiers.md).
-    #[arg(long = "pairwise", default_value = "full", value_parser = ["full", "adaptive"])]
+    #[arg(long = "pairwise", default_value = "adaptive", value_parser = ["full", "adaptive"])]
     pub pairwise: String,
+    /// End the gate within this time (30s, 2m): the pairwise rounds are sized from the
+    /// measured cost of a probe round to fit what the sweeps left, and, after the adaptive
+    /// rounds, pairs not yet measured are measured while time remains (on a small cluster
+    /// the whole matrix). The report says what the budget bought.
+    #[arg(long = "budget", value_parser = parse_duration_arg)]
+    pub budget: Option<std::time::Duration>,
+    /// Report stragglers (nodes whose iterations spike with several partners) without
+    /// failing the verdict for them.
+    #[arg(long = "allow-stragglers")]
+    pub allow_stragglers: bool,
     /// Fail (exit 7) when a tier's slowest group is under 0.9 x this many GB/s at the largest
     /// size: tier=GB/s, repeatable or comma-separated; tier is its name or label key.
     #[arg(long = "min-busbw-tier", value_delimiter = ',')]

@@ -149,6 +149,7 @@ pub fn from_args(spec: &'static CollectiveSpec, a: &PerfArgs) -> Result<Plan, St
         per_iter,
         cputime: a.report_cputime != 0,
         timestamps: a.report_timestamps != 0,
+        in_place: true,
         blocking,
         unalign: a.unalign as u32,
         rotation: a.rotate,

@@ -34,7 +34,8 @@ struct Options {
     verbose: bool,
 }
 
-fn options(t: &TiersArgs) -> Result<Options, String> {
+/// `started`: when the gate began (its `--budget` counts from there).
+fn options(t: &TiersArgs, started: std::time::Instant) -> Result<Options, String> {
     let mut preset: Preset = t.preset.parse()?;
     if let Preset::Custom(keys) = &mut preset {
         *keys = t.keys.iter().map(|k| k.trim().to_string()).collect();
@@ -102,6 +103,8 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
             adaptive: t.pairwise == "adaptive",
             thresholds,
             slow_fraction: t.slow_fraction,
+            allow_stragglers: t.allow_stragglers,
+            budget: t.budget.map(|b| (started, b)),
             label_nodes: label_nodes.is_some(),
         },
         label_nodes,
@@ -112,6 +115,7 @@ fn options(t: &TiersArgs) -> Result<Options, String> {
 }
 
 pub fn main(t: &TiersArgs) -> i32 {
+    let started = std::time::Instant::now();
     let Some(spec) = busbw_measure::specs::find(&t.collective) else {
         eprintln!(
             "busbw: error: --collective {}: no such collective (all_reduce_perf, all_gather_perf, ...)",
@@ -119,7 +123,7 @@ pub fn main(t: &TiersArgs) -> i32 {
         );
         return exit::USAGE;
     };
-    let opts = match options(t) {
+    let opts = match options(t, started) {
         Ok(o) => o,
         Err(msg) => {
             eprintln!("busbw: error: {msg}");

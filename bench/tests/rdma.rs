@@ -1018,7 +1018,7 @@ fn tiers_over_verbs_name_the_throttled_guest() {
     let cmd = format!(
         "RANK=$VM_INDEX WORLD_SIZE={K} MASTER_ADDR=vm0 MASTER_PORT=29700 {BUSBW} tiers \
          -b 1M -e 1M -n 4 -w 1 -c 0 -T 180 --transport verbs --topology-preset oci \
-         --topology-file \"$VM_DIR/labels.json\" --pairwise-size 512K --pairwise-iters 3 \
+         --topology-file \"$VM_DIR/labels.json\" --pairwise-size 512K --pairwise-iters 3 --pairwise full \
          --export-json \"$VM_OUT/tiers.json\"; rc=$?; \
          for c in completer_retry_err rcvd_seq_err out_of_seq_request; do \
          echo \"rxe0 $c $(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/$c)\" >&2; done; \

@@ -10,6 +10,14 @@
 #   simcluster.sh link-up <name> <i>          and comes back
 #   simcluster.sh partition <name> <i> <j>    nodes i and j stop reaching each other (both
 #                                             keep every other path: a bad route or ACL)
+#   simcluster.sh throttle <name> <i> <RATE|off>   node i's egress (every tier) at RATE from
+#                                             now on, or back to its tier rates (--tier-rates)
+#   simcluster.sh throttle-link <name> <i> <j> <RATE|off>   the link between nodes i and j at
+#                                             RATE both ways (a bad cable or switch port on
+#                                             that path), or back (--tier-rates)
+#   simcluster.sh flap <name> <i> <RATE> <ON> <OFF>   node i throttled to RATE for ON seconds,
+#                                             then OFF seconds free, again and again until
+#                                             killed (a straggler; --tier-rates)
 #   simcluster.sh down <name>                 remove everything of <name> (idempotent)
 #   simcluster.sh addr <name> <i>             print node i's address
 #   simcluster.sh list                        clusters that exist now
@@ -35,7 +43,7 @@ set -euo pipefail
 
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 1; }
-usage() { sed -n '2,16s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,25s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 check_name() {
     [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
@@ -156,7 +164,8 @@ shape_tiers() {
     for ((j = 0; j < K; j++)); do
         ((j != i)) || continue
         if ((j / LB == i / LB)); then class=10; elif ((j / NB == i / NB)); then class=20; else class=30; fi
-        tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 2 u32 \
+        # Priority 3: priority 2 is for a throttled link's own class (throttle-link).
+        tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 3 u32 \
             match ip dst "$NET.$((j + 1))/32" flowid "1:$class"
     done
 }
@@ -273,6 +282,84 @@ cmd_up() {
     echo "cluster $name: $k nodes node0..node$((k - 1)) on $net.0/24${rate:+, links shaped to $rate}${blocks:+, blocks $blocks}${TIER_RATES:+, tier rates $TIER_RATES}${THROTTLE:+, throttled: $THROTTLE}"
 }
 
+# The settings `up` saved for cluster $1 (K, SUBNET, BLOCKS, TIER_RATES, ...).
+load_env() {
+    local f=/run/simcluster/$1.env
+    [[ -r $f ]] || die "no cluster '$1' (no $f)"
+    # shellcheck disable=SC1090 # written by cmd_up
+    source "$f"
+    [[ -n ${TIER_RATES:-} ]] || die "cluster '$1' has no --tier-rates: nothing to throttle"
+    NET=${SUBNET%.0/24}
+}
+
+# Sets node $2's three tier classes to rate $3, or back to the tier rates ("off").
+set_node_rate() {
+    local name=$1 i=$2 rate=$3 c r ns
+    local -a rates
+    IFS=, read -r -a rates <<<"$TIER_RATES"
+    ns=$(node_ns "$name" "$i")
+    for c in 0 1 2; do
+        r=$rate
+        [[ $r != off ]] || r=${rates[$c]}
+        tc -n "$ns" class change dev eth0 parent 1:1 classid "1:$((c + 1))0" htb rate "$r" \
+            ceil "$r" burst "$(htb_burst "$r")" cburst "$(htb_burst "$r")" prio 1 quantum 65536
+    done
+}
+
+cmd_throttle() {
+    local name=$1 i=$2 rate=$3
+    check_name "$name"
+    check_index "$i"
+    node_exists "$name" "$i"
+    load_env "$name"
+    [[ $rate == off ]] || rate_bits "$rate" >/dev/null
+    set_node_rate "$name" "$i" "$rate"
+}
+
+# Node $2's egress towards node $3 in a class of its own at rate $4, or back ("off").
+link_side() {
+    local name=$1 i=$2 j=$3 rate=$4 ns
+    ns=$(node_ns "$name" "$i")
+    tc -n "$ns" filter del dev eth0 parent 1: prio 2 2>/dev/null || true
+    tc -n "$ns" class del dev eth0 classid "1:$((100 + j))" 2>/dev/null || true
+    [[ $rate != off ]] || return 0
+    tc -n "$ns" class add dev eth0 parent 1:1 classid "1:$((100 + j))" htb rate "$rate" \
+        ceil "$rate" burst "$(htb_burst "$rate")" cburst "$(htb_burst "$rate")" prio 1 quantum 65536
+    tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 2 u32 \
+        match ip dst "$NET.$((j + 1))/32" flowid "1:$((100 + j))"
+}
+
+cmd_throttle_link() {
+    local name=$1 i=$2 j=$3 rate=$4
+    check_name "$name"
+    check_index "$i"
+    check_index "$j"
+    ((i != j)) || die "throttle-link: a link joins two different nodes"
+    node_exists "$name" "$i"
+    node_exists "$name" "$j"
+    load_env "$name"
+    [[ $rate == off ]] || rate_bits "$rate" >/dev/null
+    link_side "$name" "$i" "$j" "$rate"
+    link_side "$name" "$j" "$i" "$rate"
+}
+
+cmd_flap() {
+    local name=$1 i=$2 rate=$3 on=$4 off=$5
+    check_name "$name"
+    check_index "$i"
+    node_exists "$name" "$i"
+    load_env "$name"
+    rate_bits "$rate" >/dev/null
+    [[ $on =~ ^[0-9]+(\.[0-9]+)?$ && $off =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "flap: ON and OFF are seconds"
+    trap 'set_node_rate "$name" "$i" off; exit 0' INT TERM
+    while :; do
+        set_node_rate "$name" "$i" "$rate"
+        sleep "$on"
+        set_node_rate "$name" "$i" off
+        sleep "$off"
+    done
+}
+
 node_exists() {
     [[ -e /run/netns/$(node_ns "$1" "$2") ]] || die "no node $2 in cluster '$1'"
 }
@@ -353,6 +440,9 @@ kill-node) (($# == 2)) || usage; cmd_kill_node "$1" "$2" ;;
 link-down) (($# == 2)) || usage; cmd_link "$1" "$2" down ;;
 link-up) (($# == 2)) || usage; cmd_link "$1" "$2" up ;;
 partition) (($# == 3)) || usage; cmd_partition "$1" "$2" "$3" ;;
+throttle) (($# == 3)) || usage; cmd_throttle "$@" ;;
+throttle-link) (($# == 4)) || usage; cmd_throttle_link "$@" ;;
+flap) (($# == 5)) || usage; cmd_flap "$@" ;;
 addr) (($# == 2)) || usage; cmd_addr "$1" "$2" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;

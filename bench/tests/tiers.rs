@@ -445,7 +445,8 @@ fn tiers_job(tag: &str, throttle: Option<usize>, port: u16) -> (Option<i32>, Str
     let cluster = Cluster::up(tag, throttle);
     let out_json = tmp(&format!("{tag}.json"));
     let start = Instant::now();
-    let outs = cluster.run(port, &out_json, &[]);
+    // The whole matrix: the checks below read every link.
+    let outs = cluster.run(port, &out_json, &["--pairwise", "full"]);
     let secs = start.elapsed().as_secs_f64();
     let _ = writeln!(
         std::io::stderr(),
@@ -545,6 +546,27 @@ fn port(n: u16) -> u16 {
     30000 + (std::process::id() % 1000) as u16 * 8 + n
 }
 
+/// Runs the gate on `cluster` with `extra` flags, expecting every rank to fail it (exit 7):
+/// rank 0's stdout and report.
+fn failing_gate(cluster: &Cluster, tag: &str, port: u16, extra: &[&str]) -> (String, Value) {
+    let out_json = tmp(&format!("{tag}.json"));
+    let start = Instant::now();
+    let outs = cluster.run(port, &out_json, extra);
+    let secs = start.elapsed().as_secs_f64();
+    let stdout = text(&outs[0].stdout);
+    let all: String = outs
+        .iter()
+        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+        .collect();
+    let _ = writeln!(std::io::stderr(), "{tag}: {secs:.1} s\n{stdout}");
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    assert!(
+        codes.iter().all(|c| *c == Some(7)),
+        "the gate fails: {codes:?}\n{all}"
+    );
+    (stdout, json(&out_json.with_extension("0.json")))
+}
+
 /// `--pairwise adaptive` (issue 39): one round across the widest tier, then the throttled
 /// node's pairs again with nodes measured good: it is named, nobody else is, in a few
 /// rounds rather than the round robin's 7.
@@ -555,22 +577,7 @@ fn adaptive_pairing_names_the_throttled_node_in_a_few_rounds() {
     }
     let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::up("ada", Some(3));
-    let out_json = tmp("ada.json");
-    let start = Instant::now();
-    let outs = cluster.run(port(3), &out_json, &["--pairwise", "adaptive"]);
-    let secs = start.elapsed().as_secs_f64();
-    let stdout = text(&outs[0].stdout);
-    let all: String = outs
-        .iter()
-        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
-        .collect();
-    let _ = writeln!(std::io::stderr(), "adaptive: {secs:.1} s\n{stdout}");
-    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
-    assert!(
-        codes.iter().all(|c| *c == Some(7)),
-        "the gate fails: {codes:?}\n{all}"
-    );
-    let report = json(&out_json.with_extension("0.json"));
+    let (stdout, report) = failing_gate(&cluster, "ada", port(3), &["--pairwise", "adaptive"]);
     let t = &report["tier_report"];
     let suspects: Vec<&str> = t["verdict"]["suspect_nodes"]
         .as_array()
@@ -651,4 +658,60 @@ fn verdict_names_nobody_on_a_healthy_fabric() {
     }
     assert_eq!(code, Some(0), "{stdout}");
     let _ = Duration::from_secs(0);
+}
+
+/// `--budget` (issue 39): a probe prices a round, the adaptive rounds run, and what the sweeps
+/// left measures the pairs not yet measured: on 8 nodes all 28, so a link between two healthy
+/// nodes, throttled while the cluster runs, is found, measured again, and named alone.
+#[test]
+fn a_budget_buys_the_whole_matrix_and_a_throttled_link_is_named() {
+    if !can_run_netns("a_budget_buys_the_whole_matrix_and_a_throttled_link_is_named") {
+        return;
+    }
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up("bud", None);
+    // node2 and node6 sit in different network blocks (50 Mbit/s): 15 Mbit/s both ways.
+    let out = Command::new("bash")
+        .args([
+            &simcluster(),
+            "throttle-link",
+            &cluster.name,
+            "2",
+            "6",
+            "15mbit",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (stdout, report) = failing_gate(&cluster, "bud", port(4), &["--budget", "90s"]);
+    let t = &report["tier_report"];
+    let v = &t["verdict"];
+    let links: Vec<(String, String)> = v["slow_links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["a"].as_str().unwrap().into(),
+                l["b"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want = [("node2".to_string(), "node6".to_string())];
+    assert!(
+        links == want || links == [(want[0].1.clone(), want[0].0.clone())],
+        "{links:?}\n{stdout}"
+    );
+    assert!(
+        v["suspect_nodes"].as_array().unwrap().is_empty(),
+        "{stdout}"
+    );
+    assert!(v["stragglers"].as_array().unwrap().is_empty(), "{stdout}");
+    let budget = t["matrix"]["budget"].as_str().unwrap_or_default();
+    assert!(budget.contains("28 of 28 pairs"), "{budget}\n{stdout}");
+    // What the budget bought, under the matrix's header.
+    assert!(stdout.contains("#   budget 90 s:"), "{stdout}");
+    let findings = &report["verdict"]["findings"];
+    assert_eq!(findings[0]["kind"], "slow_link", "{findings}");
+    drop(cluster);
 }

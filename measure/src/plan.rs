@@ -63,6 +63,11 @@ pub struct Plan {
     /// `-C 1`, `-S 1`.
     pub cputime: bool,
     pub timestamps: bool,
+    /// Whether each size is also measured in place (nccl-tests always does). Off only for
+    /// sweeps whose rows nobody prints and who read the out-of-place column alone (`busbw
+    /// tiers`' group sweeps): their rows then carry an empty in-place cell (time 0, `#wrong`
+    /// N/A).
+    pub in_place: bool,
     /// `-z`: 0-3, nccl-tests' blocking modes (see `harness::Blocking`).
     pub blocking: u8,
     /// `-u`: elements by which the send and receive buffers are shifted.
@@ -249,6 +254,7 @@ impl Plan {
             per_iter: None,
             cputime: false,
             timestamps: false,
+            in_place: true,
             blocking: 0,
             unalign: 0,
             rotation: sizes::Rotation::DEFAULT,

@@ -204,6 +204,10 @@ pub struct VerdictRecord {
     pub pass: bool,
     /// One line a person can act on, e.g. "rack r7: busbw 41 GB/s < 0.8 x 100 GB/s".
     pub reason: String,
+    /// The fabric verdict's findings, each with its kind (slow node, slow link, straggler,
+    /// tier under threshold, wrong data): what JUnit and Prometheus carry one by one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<crate::tiers::Finding>,
 }
 
 /// Pairwise link measurements: `busbw[i][j]` between `nodes[i]` and `nodes[j]`.

@@ -85,6 +85,9 @@ pub struct LinkMatrix {
     /// `busbw[a][b]` in GB/s, symmetric, `None` on the diagonal.
     pub busbw: Vec<Vec<Option<f64>>>,
     pub links: Vec<Link>,
+    /// Under `--budget`: what the budget bought (rounds, size, pairs of all, spread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
 }
 
 /// One measured node pair.
@@ -112,6 +115,33 @@ pub struct SuspectNode {
     pub expected: f64,
 }
 
+/// A node the others waited for now and then: its links' median is healthy, but iterations
+/// with it spike (a noisy neighbour on its cores, a flapping link), with several partners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Straggler {
+    pub node: String,
+    /// Iterations under the slow fraction of their tier's median, over all of its pairs'.
+    pub spikes: usize,
+    pub iterations: usize,
+    /// Its partners with a spike, and its pairs measured.
+    pub partners: usize,
+    pub pairs: usize,
+    /// The slowest iteration as a fraction of what its tier delivers.
+    pub worst: f64,
+    /// Which iterations were hit, pair by pair (the tier tells where).
+    pub hits: Vec<StragglerHit>,
+}
+
+/// The iterations of one pair with a straggler that spiked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StragglerHit {
+    pub partner: String,
+    pub tier: String,
+    /// 0-based iteration indices of the pair's measurement(s), in order.
+    pub iterations: Vec<usize>,
+    pub of: usize,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TierFailure {
     pub tier: String,
@@ -131,6 +161,90 @@ pub struct Verdict {
     /// Nodes with at least one unknown tier label.
     pub unknown_nodes: Vec<String>,
     pub notes: Vec<String>,
+    /// Nodes whose iterations spike with several partners; they fail the verdict unless
+    /// `--allow-stragglers` ([`Verdict::stragglers_allowed`]).
+    #[serde(default)]
+    pub stragglers: Vec<Straggler>,
+    #[serde(default)]
+    pub stragglers_allowed: bool,
+}
+
+impl Verdict {
+    /// Every finding with its kind, as the exporters carry them.
+    pub fn findings(&self) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let lines = verdict_lines(self);
+        let mut lines = lines.into_iter();
+        for s in &self.suspect_nodes {
+            out.push(Finding::new(FindingKind::SlowNode, &s.node, lines.next()));
+        }
+        for l in &self.slow_links {
+            let subject = format!("{} - {}", l.a, l.b);
+            out.push(Finding::new(FindingKind::SlowLink, &subject, lines.next()));
+        }
+        for s in &self.stragglers {
+            // An allowed straggler is reported, not held against the fabric.
+            let line = lines.next();
+            if !self.stragglers_allowed {
+                out.push(Finding::new(FindingKind::Straggler, &s.node, line));
+            }
+        }
+        for f in &self.failed_tiers {
+            out.push(Finding::new(
+                FindingKind::TierUnderThreshold,
+                &f.tier,
+                lines.next(),
+            ));
+        }
+        for n in &self.notes {
+            if n.contains("wrong data") {
+                out.push(Finding::new(FindingKind::WrongData, "", Some(n.clone())));
+            }
+        }
+        out
+    }
+}
+
+/// What kind of fault a verdict names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    SlowNode,
+    SlowLink,
+    Straggler,
+    WrongData,
+    TierUnderThreshold,
+}
+
+impl FindingKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FindingKind::SlowNode => "slow_node",
+            FindingKind::SlowLink => "slow_link",
+            FindingKind::Straggler => "straggler",
+            FindingKind::WrongData => "wrong_data",
+            FindingKind::TierUnderThreshold => "tier_under_threshold",
+        }
+    }
+}
+
+/// One finding of a verdict: its kind, what it names (a node, `a - b` for a link, a tier),
+/// and the line a person reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub subject: String,
+    pub detail: String,
+}
+
+impl Finding {
+    fn new(kind: FindingKind, subject: &str, detail: Option<String>) -> Finding {
+        Finding {
+            kind,
+            subject: subject.to_string(),
+            detail: detail.unwrap_or_default(),
+        }
+    }
 }
 
 impl TierReport {
@@ -188,6 +302,7 @@ impl TierReport {
                             if pass { ">=" } else { "<" },
                             t.tier
                         ),
+                        findings: Vec::new(),
                     }),
                     _ => None,
                 },
@@ -222,6 +337,7 @@ impl TierReport {
         let verdict = VerdictRecord {
             pass: self.verdict.passed,
             reason: findings.join("; "),
+            findings: self.verdict.findings(),
         };
         (TiersRecord { tiers }, pairwise, verdict)
     }
@@ -259,6 +375,34 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
             gbs(l.expected)
         ));
     }
+    for s in &v.stragglers {
+        let hits: Vec<String> = s
+            .hits
+            .iter()
+            .map(|h| {
+                let its: Vec<String> = h.iterations.iter().map(|i| i.to_string()).collect();
+                format!(
+                    "with {} ({}) iterations {} of {}",
+                    h.partner,
+                    h.tier,
+                    its.join(","),
+                    h.of
+                )
+            })
+            .collect();
+        out.push(format!(
+            "straggler node {}: {} of {} iterations spiked ({:.0}%), with {} of {} partners, slowest at {:.2} of expected{}: {}",
+            s.node,
+            s.spikes,
+            s.iterations,
+            100.0 * s.spikes as f64 / s.iterations.max(1) as f64,
+            s.partners,
+            s.pairs,
+            s.worst,
+            if v.stragglers_allowed { " (allowed)" } else { "" },
+            hits.join("; ")
+        ));
+    }
     for f in &v.failed_tiers {
         out.push(format!(
             "tier {} below its threshold: {} GB/s, --min-busbw-tier {}={} (10% slack)",
@@ -276,7 +420,11 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
     }
     out.extend(v.notes.iter().cloned());
     if v.passed && v.suspect_nodes.is_empty() && v.slow_links.is_empty() {
-        out.push("no suspect node, no slow link".into());
+        out.push(if v.stragglers.is_empty() {
+            "no suspect node, no slow link, no straggler".into()
+        } else {
+            "no suspect node, no slow link".into()
+        });
     }
     out
 }
@@ -367,6 +515,9 @@ pub fn tier_lines(r: &TierReport) -> Vec<String> {
             "# Pairwise sendrecv busbw in GB/s at {} bytes, {} rounds of disjoint pairs",
             m.size, m.rounds
         ));
+        if let Some(b) = &m.budget {
+            out.push(format!("#   {b}"));
+        }
         if m.nodes.len() <= 32 {
             let w = m
                 .busbw
@@ -510,6 +661,7 @@ mod tests {
                     link("node0", "node1", 0.0125, true),
                     link("node0", "node2", 0.025, false),
                 ],
+                budget: None,
             }),
             verdict: Verdict {
                 passed: false,
@@ -528,6 +680,8 @@ mod tests {
                 }],
                 unknown_nodes: vec!["node2".into()],
                 notes: vec![],
+                stragglers: vec![],
+                stragglers_allowed: false,
             },
         }
     }

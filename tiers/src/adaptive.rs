@@ -49,6 +49,9 @@ pub struct Attribution {
     pub slow_nodes: Vec<(usize, f64)>,
     /// Slow links (a < b), ascending, each with its ratio to the expectation.
     pub slow_links: Vec<((usize, usize), f64)>,
+    /// Stragglers, ascending, each with its slowest iteration's ratio to the expectation:
+    /// nodes whose pairs spiked with two good partners without all being slow.
+    pub stragglers: Vec<(usize, f64)>,
     /// Nodes left unexplained after the round limit (or for want of good partners).
     pub undecided: Vec<usize>,
     /// Rounds run.
@@ -58,11 +61,13 @@ pub struct Attribution {
 }
 
 /// One measurement: the pair and its bandwidth.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Seen {
     a: usize,
     b: usize,
     bw: f64,
+    /// Each iteration's bandwidth, when the measurement has them.
+    samples: Vec<f64>,
 }
 
 /// The state of an adaptive pairing over `n` nodes.
@@ -75,12 +80,19 @@ pub struct Pairing {
     rounds: usize,
     /// Nodes known good: in a pair that was not slow.
     good: BTreeSet<usize>,
-    /// Per node, the good partners it was slow with, and the ratios.
-    slow_with_good: BTreeMap<usize, Vec<(usize, f64)>>,
-    /// Pairs measured slow whose cause is still open.
-    open: Vec<(usize, usize, f64)>,
+    /// Per node, its pairs without a slow figure or a spike: a node in a pair that only
+    /// spiked is cleared by two of them, not one (a straggler's pair can miss its spikes).
+    clean: BTreeMap<usize, usize>,
+    /// Per node, the good partners it was slow with (or spiked with), the ratios, and
+    /// whether the pair's figure was slow (not only some iterations).
+    slow_with_good: BTreeMap<usize, Vec<(usize, f64, bool)>>,
+    /// Pairs measured slow (or spiking) whose cause is still open: the nodes, the figure's
+    /// ratio to the expectation, and whether the pair was slow steadily (nearly every
+    /// iteration) rather than now and then.
+    open: Vec<(usize, usize, f64, bool)>,
     /// Decided.
     slow_nodes: BTreeMap<usize, f64>,
+    stragglers: BTreeMap<usize, f64>,
     slow_links: BTreeMap<(usize, usize), f64>,
     /// Every pair measured, so a node is never paired twice with the same partner.
     met: BTreeSet<(usize, usize)>,
@@ -117,9 +129,11 @@ impl Pairing {
             seen: Vec::new(),
             rounds: 0,
             good: BTreeSet::new(),
+            clean: BTreeMap::new(),
             slow_with_good: BTreeMap::new(),
             open: Vec::new(),
             slow_nodes: BTreeMap::new(),
+            stragglers: BTreeMap::new(),
             slow_links: BTreeMap::new(),
             met: BTreeSet::new(),
             tier_median: Vec::new(),
@@ -219,9 +233,16 @@ impl Pairing {
     /// second round, the odd node out.
     fn suspects(&self) -> Vec<usize> {
         let mut s: BTreeSet<usize> = BTreeSet::new();
-        for &(a, b, _) in &self.open {
+        for &(a, b, _, steady) in &self.open {
+            let spiked_only = !steady;
             for x in [a, b] {
-                if !self.slow_nodes.contains_key(&x) && !self.good.contains(&x) {
+                let decided = self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
+                let cleared = if spiked_only {
+                    self.clean_pairs(x) >= 2
+                } else {
+                    self.good.contains(&x)
+                };
+                if !decided && !cleared {
                     s.insert(x);
                 }
             }
@@ -265,32 +286,64 @@ impl Pairing {
 
     /// One round's measurements (bytes per second, or any unit used throughout).
     pub fn record(&mut self, results: &[((usize, usize), f64)]) {
-        for &((a, b), bw) in results {
-            self.met.insert(key(a, b));
-            self.seen.push(Seen { a, b, bw });
+        let with: Vec<((usize, usize), f64, Vec<f64>)> =
+            results.iter().map(|&(p, bw)| (p, bw, Vec::new())).collect();
+        self.record_iterations(&with);
+    }
+
+    /// One round's measurements with each pair's iterations: a pair whose figure is healthy
+    /// but some of whose iterations fell under the threshold (a spike) is open like a slow
+    /// one, so its nodes meet other partners and a straggler shows with two of them.
+    pub fn record_iterations(&mut self, results: &[((usize, usize), f64, Vec<f64>)]) {
+        for ((a, b), bw, samples) in results {
+            self.met.insert(key(*a, *b));
+            self.seen.push(Seen {
+                a: *a,
+                b: *b,
+                bw: *bw,
+                samples: samples.clone(),
+            });
         }
         self.refresh_medians();
         // Judge the round's pairs against what is known now (this round included: the
         // first round sets the expectation).
-        for &((a, b), bw) in results {
-            let ratio = bw / self.expected(a, b).max(f64::MIN_POSITIVE);
+        for &((a, b), bw, ref samples) in results {
+            let expected = self.expected(a, b).max(f64::MIN_POSITIVE);
+            let ratio = bw / expected;
             let slow = ratio < self.settings.slow_below;
-            if !slow {
+            let worst = samples.iter().fold(ratio, |r, &s| r.min(s / expected));
+            let below = samples
+                .iter()
+                .filter(|&&s| s / expected < self.settings.slow_below)
+                .count();
+            // Steadily slow: nearly every iteration (or the figure, without iterations);
+            // now and then: some iterations, the figure slow or not.
+            let steady =
+                slow && (samples.is_empty() || below == 0 || below * 10 >= samples.len() * 9);
+            if !slow && worst >= self.settings.slow_below {
                 self.good.insert(a);
                 self.good.insert(b);
+                *self.clean.entry(a).or_insert(0) += 1;
+                *self.clean.entry(b).or_insert(0) += 1;
                 continue;
             }
             // Slow with a partner known good (before this pair): evidence against the other.
             let (ga, gb) = (self.good.contains(&a), self.good.contains(&b));
             if gb && !ga {
-                self.slow_with_good.entry(a).or_default().push((b, ratio));
+                self.slow_with_good
+                    .entry(a)
+                    .or_default()
+                    .push((b, worst, steady));
             }
             if ga && !gb {
-                self.slow_with_good.entry(b).or_default().push((a, ratio));
+                self.slow_with_good
+                    .entry(b)
+                    .or_default()
+                    .push((a, worst, steady));
             }
             self.tainted.insert(a);
             self.tainted.insert(b);
-            self.open.push((a, b, ratio));
+            self.open.push((a, b, ratio, steady));
         }
         self.decide();
     }
@@ -298,15 +351,24 @@ impl Pairing {
     /// Whatever the evidence now settles.
     fn decide(&mut self) {
         for (&x, with) in &self.slow_with_good {
-            if with.len() >= 2 && !self.slow_nodes.contains_key(&x) {
+            let decided = self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
+            if with.len() >= 2 && !decided {
                 let mut r: Vec<f64> = with.iter().map(|w| w.1).collect();
-                self.slow_nodes.insert(x, median(&mut r));
+                // Slow with every good partner: a slow node; spikes with some: a straggler.
+                if with.iter().all(|w| w.2) {
+                    self.slow_nodes.insert(x, median(&mut r));
+                } else {
+                    let worst = r.iter().fold(f64::INFINITY, |a, &b| a.min(b));
+                    self.stragglers.insert(x, worst);
+                }
             }
         }
         let mut still = Vec::new();
-        for &(a, b, ratio) in &self.open {
-            if self.slow_nodes.contains_key(&a) || self.slow_nodes.contains_key(&b) {
-                continue; // explained by a slow node
+        for &(a, b, ratio, steady) in &self.open {
+            let explained =
+                |x| self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
+            if explained(a) || explained(b) {
+                continue; // explained by a slow node or a straggler
             }
             // Both ends good with others: the link between them.
             let good_elsewhere = |x: usize, other: usize| {
@@ -317,13 +379,23 @@ impl Pairing {
                             && s.bw >= self.settings.slow_below * self.expected(s.a, s.b)
                     })
             };
-            if good_elsewhere(a, b) && good_elsewhere(b, a) {
+            if !steady {
+                // A pair slow now and then, each node clean twice elsewhere: a burst of
+                // load, not a fault.
+                if self.clean_pairs(a) >= 2 && self.clean_pairs(b) >= 2 {
+                    continue;
+                }
+            } else if good_elsewhere(a, b) && good_elsewhere(b, a) {
                 self.slow_links.insert(key(a, b), ratio);
                 continue;
             }
-            still.push((a, b, ratio));
+            still.push((a, b, ratio, steady));
         }
         self.open = still;
+    }
+
+    fn clean_pairs(&self, x: usize) -> usize {
+        self.clean.get(&x).copied().unwrap_or(0)
     }
 
     /// Every pair measured so far with its bandwidth, in the order measured.
@@ -331,18 +403,27 @@ impl Pairing {
         self.seen.iter().map(|s| ((s.a, s.b), s.bw)).collect()
     }
 
+    /// Every pair measured so far with its bandwidth and iterations.
+    pub fn measured_iterations(&self) -> Vec<((usize, usize), f64, Vec<f64>)> {
+        self.seen
+            .iter()
+            .map(|s| ((s.a, s.b), s.bw, s.samples.clone()))
+            .collect()
+    }
+
     /// What the rounds so far found.
     pub fn attribution(&self) -> Attribution {
         let mut undecided: BTreeSet<usize> = BTreeSet::new();
-        for &(a, b, _) in &self.open {
+        for &(a, b, _, _) in &self.open {
             for x in [a, b] {
-                if !self.slow_nodes.contains_key(&x) {
+                if !self.slow_nodes.contains_key(&x) && !self.stragglers.contains_key(&x) {
                     undecided.insert(x);
                 }
             }
         }
         Attribution {
             slow_nodes: self.slow_nodes.iter().map(|(&n, &r)| (n, r)).collect(),
+            stragglers: self.stragglers.iter().map(|(&n, &r)| (n, r)).collect(),
             slow_links: self.slow_links.iter().map(|(&l, &r)| (l, r)).collect(),
             undecided: undecided.into_iter().collect(),
             rounds: self.rounds,
@@ -351,17 +432,23 @@ impl Pairing {
     }
 }
 
-/// Runs the rounds to the end with `measure` (one round's pairs in, their bandwidths out).
+/// Runs the rounds to the end with `measure` (one round's pairs in, each pair's bandwidth
+/// and iterations out).
 pub fn run(
     domains: Vec<Vec<u32>>,
     settings: Settings,
-    mut measure: impl FnMut(&[(usize, usize)]) -> Vec<f64>,
+    mut measure: impl FnMut(&[(usize, usize)]) -> Vec<(f64, Vec<f64>)>,
 ) -> Pairing {
     let mut p = Pairing::new(domains, settings);
     while let Some(pairs) = p.next_round() {
-        let bw = measure(&pairs);
-        let results: Vec<((usize, usize), f64)> = pairs.iter().copied().zip(bw).collect();
-        p.record(&results);
+        let got = measure(&pairs);
+        let results: Vec<((usize, usize), f64, Vec<f64>)> = pairs
+            .iter()
+            .copied()
+            .zip(got)
+            .map(|(p, (bw, s))| (p, bw, s))
+            .collect();
+        p.record_iterations(&results);
     }
     p
 }

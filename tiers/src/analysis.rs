@@ -4,7 +4,7 @@
 //! Median and MAD rather than mean and standard deviation: a bad node drags every one of its
 //! links down, and those links must not move the yardstick they are measured against.
 
-use busbw_reports::tiers::{Link, SuspectNode};
+use busbw_reports::tiers::{Link, Straggler, StragglerHit, SuspectNode};
 
 /// Median of `v` (NaN-free); 0 for an empty slice.
 pub fn median(v: &[f64]) -> f64 {
@@ -34,6 +34,9 @@ pub struct Measured {
     pub b: usize,
     pub tier: String,
     pub busbw: f64,
+    /// Each iteration's busbw (every measurement of the pair, in order): what a straggler
+    /// shows in, where the pair's figure hides it.
+    pub samples: Vec<f64>,
 }
 
 /// Judged links, suspect nodes, and the slow links no suspect node explains.
@@ -143,6 +146,111 @@ pub fn judge(nodes: &[String], measured: &[Measured], slow_fraction: f64) -> Jud
     }
 }
 
+/// What a straggler's pairs must show beyond one partner: a share of its pairs with spikes.
+const STRAGGLER_PAIR_SHARE: f64 = 0.4;
+/// A node with at least this share of its iterations under the slow fraction is steadily
+/// slow (a slow node, the judgement's), not a straggler.
+const STEADY_SHARE: f64 = 0.9;
+/// Spiky pairs beyond this share of all pairs are the fabric's or the machine's noise, not
+/// one node's: nobody is named.
+const NOISE_PAIR_SHARE: f64 = 0.34;
+
+/// Nodes the others waited for now and then: iterations under `slow_fraction` of their
+/// tier's median (spikes) in pairs with at least two partners and in at least 40% of the
+/// node's pairs, while under 90% of its iterations are slow (a node slow in nearly all of
+/// them is a slow node, which `judge` names). A partner that spiked only with it is cleared
+/// by its other pairs, and a passing burst of load touches a pair or two, not most of a
+/// node's. When spikes are everywhere (more than a third of the pairs), they are noise and
+/// nobody is named; the returned note says so.
+pub fn stragglers(
+    nodes: &[String],
+    measured: &[Measured],
+    links: &[Link],
+    slow_fraction: f64,
+) -> (Vec<Straggler>, Option<String>) {
+    // Per pair: its spiking iterations.
+    let pairs: Vec<(&Measured, &Link, Vec<usize>)> = measured
+        .iter()
+        .zip(links)
+        .map(|(m, l)| {
+            let below = l.expected * (1.0 - slow_fraction);
+            let hit = (0..m.samples.len())
+                .filter(|&i| m.samples[i] < below)
+                .collect();
+            (m, l, hit)
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (x, name) in nodes.iter().enumerate() {
+        let mine: Vec<&(&Measured, &Link, Vec<usize>)> =
+            pairs.iter().filter(|h| h.0.a == x || h.0.b == x).collect();
+        let hit: Vec<_> = mine.iter().filter(|h| !h.2.is_empty()).collect();
+        if hit.len() < 2 || (hit.len() as f64) < STRAGGLER_PAIR_SHARE * mine.len() as f64 {
+            continue;
+        }
+        let iterations: usize = mine.iter().map(|h| h.0.samples.len()).sum();
+        let spikes: usize = mine.iter().map(|h| h.2.len()).sum();
+        if spikes as f64 >= STEADY_SHARE * iterations as f64 {
+            continue;
+        }
+        let worst = hit
+            .iter()
+            .flat_map(|h| {
+                h.2.iter()
+                    .map(|&i| h.0.samples[i] / h.1.expected.max(f64::MIN_POSITIVE))
+            })
+            .fold(f64::INFINITY, f64::min);
+        out.push(Straggler {
+            node: name.clone(),
+            spikes,
+            iterations,
+            partners: hit.len(),
+            pairs: mine.len(),
+            worst,
+            hits: hit
+                .iter()
+                .map(|h| StragglerHit {
+                    partner: nodes[if h.0.a == x { h.0.b } else { h.0.a }].clone(),
+                    tier: h.0.tier.clone(),
+                    iterations: h.2.clone(),
+                    of: h.0.samples.len(),
+                })
+                .collect(),
+        });
+    }
+    // Spiky pairs no straggler explains, beyond a third of all: noise.
+    let named = |n: usize| out.iter().any(|s| s.node == nodes[n]);
+    let stray = pairs
+        .iter()
+        .filter(|h| !h.2.is_empty() && !h.1.slow && !named(h.0.a) && !named(h.0.b))
+        .count();
+    let healthy = pairs.iter().filter(|h| !h.1.slow).count();
+    let spiky = pairs.iter().filter(|h| !h.2.is_empty()).count();
+    // Too many stragglers to be faults (more than a third of the nodes), or too many spikes
+    // that none explains: noise.
+    let many = out.len() > 2 && out.len() as f64 > NOISE_PAIR_SHARE * nodes.len() as f64;
+    if many || (stray > 2 && stray as f64 > NOISE_PAIR_SHARE * healthy as f64) {
+        return (
+            Vec::new(),
+            Some(format!(
+                "iterations spiked in {spiky} of {} pairs, with {} of {} nodes: noise across the fabric or the hosts, no straggler named",
+                pairs.len(),
+                out.len(),
+                nodes.len()
+            )),
+        );
+    }
+    (out, None)
+}
+
+/// The judgement with the stragglers taken out: a straggler's slow pairs are its spikes,
+/// not a slow node or a slow link.
+pub fn without_stragglers(j: &mut Judgement, stragglers: &[Straggler]) {
+    let s = |n: &str| stragglers.iter().any(|x| x.node == n);
+    j.suspects.retain(|x| !s(&x.node));
+    j.unexplained.retain(|l| !s(&l.a) && !s(&l.b));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +274,7 @@ mod tests {
                     b,
                     tier: tier.into(),
                     busbw: bw(a, b),
+                    samples: Vec::new(),
                 });
             }
         }
@@ -198,6 +307,7 @@ mod tests {
                     b,
                     tier: tier.into(),
                     busbw: bw(a, b),
+                    samples: Vec::new(),
                 });
             }
         }
@@ -263,5 +373,108 @@ mod tests {
         // Two nodes: one link, nobody to compare with, nothing named.
         let j = judge(&names(2), &full(2, |_, _| 1.0), 0.25);
         assert!(j.suspects.is_empty() && j.unexplained.is_empty());
+    }
+
+    /// Pairs of 8 nodes, 6 iterations each at 10 GB/s, but those `spike` says.
+    fn sampled(spike: impl Fn(usize, usize, usize) -> bool) -> Vec<Measured> {
+        full(8, |_, _| 10.0)
+            .into_iter()
+            .map(|mut m| {
+                m.samples = (0..6)
+                    .map(|i| if spike(m.a, m.b, i) { 3.0 } else { 10.0 })
+                    .collect();
+                m
+            })
+            .collect()
+    }
+
+    fn straggling(m: &[Measured]) -> (Vec<String>, Option<String>) {
+        let tiers = m
+            .iter()
+            .map(|x| Measured {
+                tier: "block".into(),
+                ..x.clone()
+            })
+            .collect::<Vec<_>>();
+        let j = judge(&names(8), &tiers, 0.25);
+        let (s, note) = stragglers(&names(8), &tiers, &j.links, 0.25);
+        (s.into_iter().map(|s| s.node).collect(), note)
+    }
+
+    #[test]
+    fn a_node_whose_iterations_spike_with_most_partners_is_a_straggler() {
+        // Node 6 spikes in iteration 2 of 5 of its 7 pairs: each pair's figure is healthy.
+        let m = sampled(|a, b, i| (a == 6 || b == 6) && i == 2 && a.max(b) + a.min(b) != 7 + 6);
+        let (named, note) = straggling(&m);
+        assert_eq!(named, ["n6"]);
+        assert!(note.is_none());
+        // The same spikes in 2 of its 7 pairs only: not enough to blame it.
+        let m = sampled(|a, b, i| (a == 6 || b == 6) && i == 2 && a.min(b) < 2);
+        assert!(straggling(&m).0.is_empty());
+        // One spike in one pair (a burst of load): nobody.
+        let m = sampled(|a, b, i| (a, b) == (1, 2) && i == 4);
+        assert_eq!(straggling(&m), (vec![], None));
+        // Spikes in most pairs: noise, said so, nobody named.
+        let m = sampled(|a, b, i| (a + b + i) % 3 == 0);
+        let (named, note) = straggling(&m);
+        assert!(named.is_empty(), "{named:?}");
+        assert!(note.is_some_and(|n| n.contains("noise")));
+    }
+
+    #[test]
+    fn a_flapping_node_is_a_straggler_and_a_steadily_slow_one_a_slow_node() {
+        let tiered = |m: Vec<Measured>| -> Vec<Measured> {
+            m.into_iter()
+                .map(|x| Measured {
+                    tier: "block".into(),
+                    ..x
+                })
+                .collect()
+        };
+        // Node 6 throttled for a while: slow all through its pairs with 0, 1 and 2 (their
+        // figures slow too), one spike with 3 and 4, clean with 5 and 7.
+        let m = tiered(
+            sampled(|a, b, i| {
+                let other = if a == 6 { b } else { a };
+                (a == 6 || b == 6) && (other < 3 || (other < 5 && i == 0))
+            })
+            .into_iter()
+            .map(|mut x| {
+                let o = if x.a == 6 { x.b } else { x.a };
+                if (x.a == 6 || x.b == 6) && o < 3 {
+                    x.busbw = 3.0;
+                }
+                x
+            })
+            .collect(),
+        );
+        let mut j = judge(&names(8), &m, 0.25);
+        let (s, _) = stragglers(&names(8), &m, &j.links, 0.25);
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            (s[0].node.as_str(), s[0].partners, s[0].pairs),
+            ("n6", 5, 7)
+        );
+        assert_eq!((s[0].spikes, s[0].iterations), (3 * 6 + 2, 42));
+        // Its three slow pairs are its spikes, not three slow links.
+        assert_eq!(j.unexplained.len(), 3);
+        without_stragglers(&mut j, &s);
+        assert!(j.unexplained.is_empty() && j.suspects.is_empty());
+        // Slow in every iteration with everyone: a slow node, not a straggler.
+        let m = tiered(
+            sampled(|a, b, _| a == 6 || b == 6)
+                .into_iter()
+                .map(|mut x| {
+                    if x.a == 6 || x.b == 6 {
+                        x.busbw = 3.0;
+                    }
+                    x
+                })
+                .collect(),
+        );
+        let j = judge(&names(8), &m, 0.25);
+        assert!(stragglers(&names(8), &m, &j.links, 0.25).0.is_empty());
+        let s: Vec<&str> = j.suspects.iter().map(|s| s.node.as_str()).collect();
+        assert_eq!(s, ["n6"]);
     }
 }

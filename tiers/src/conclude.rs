@@ -69,6 +69,8 @@ pub(crate) fn conclude(
         failed_tiers: Vec::new(),
         unknown_nodes: Vec::new(),
         notes: Vec::new(),
+        stragglers: Vec::new(),
+        stragglers_allowed: opts.allow_stragglers,
     };
     for t in &tiers {
         if let (Some(false), Some(th), Some(last)) = (t.passed, t.threshold, t.sizes.last()) {
@@ -86,7 +88,12 @@ pub(crate) fn conclude(
         }
     }
     let matrix = links.map(|(mut m, measured)| {
-        let j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
+        let mut j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
+        let (stragglers, note) =
+            analysis::stragglers(&nodes.names, &measured, &j.links, opts.slow_fraction);
+        analysis::without_stragglers(&mut j, &stragglers);
+        verdict.stragglers = stragglers;
+        verdict.notes.extend(note);
         m.links = j.links;
         verdict.suspect_nodes = j.suspects;
         verdict.slow_links = j.unexplained;
@@ -114,6 +121,7 @@ pub(crate) fn conclude(
     verdict.passed = verdict.failed_tiers.is_empty()
         && verdict.suspect_nodes.is_empty()
         && verdict.slow_links.is_empty()
+        && (verdict.stragglers.is_empty() || opts.allow_stragglers)
         && wrong == 0;
     let keys: BTreeSet<&str> = model
         .outermost_first()

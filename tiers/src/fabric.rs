@@ -5,7 +5,7 @@
 //! fault kind.
 
 use crate::adaptive::{self, Attribution, Settings};
-use crate::analysis::{judge, Measured};
+use crate::analysis::{judge, stragglers, without_stragglers, Measured};
 
 /// `busbw tiers`' default `--slow-fraction`.
 const GATE_SLOW_FRACTION: f64 = 0.25;
@@ -47,6 +47,11 @@ pub struct Fabric {
     pub slow_nodes: Vec<(usize, f64)>,
     /// Slow links (a < b) and the fraction they keep.
     pub slow_links: Vec<((usize, usize), f64)>,
+    /// Stragglers: the chance that any one of their iterations is slowed, and the fraction
+    /// such an iteration keeps.
+    pub stragglers: Vec<(usize, f64, f64)>,
+    /// Timed iterations per pair (`--pairwise-iters`).
+    pub iters: usize,
     /// Relative noise of a measurement (uniform in ±noise).
     pub noise: f64,
 }
@@ -72,6 +77,8 @@ impl Fabric {
             tier_bw,
             slow_nodes: Vec::new(),
             slow_links: Vec::new(),
+            stragglers: Vec::new(),
+            iters: 5,
             noise,
         }
     }
@@ -101,6 +108,26 @@ impl Fabric {
         self
     }
 
+    /// `s` stragglers among the nodes without a fault, each iteration of theirs slowed with
+    /// chance `p` to `keep` of the bandwidth.
+    pub fn with_stragglers(mut self, s: usize, p: f64, keep: f64, rng: &mut Rng) -> Fabric {
+        let n = self.domains.len();
+        let mut taken: BTreeSet<usize> = self.slow_nodes.iter().map(|x| x.0).collect();
+        for &((a, b), _) in &self.slow_links {
+            taken.insert(a);
+            taken.insert(b);
+        }
+        let mut tries = 0;
+        while self.stragglers.len() < s && tries < 1000 {
+            tries += 1;
+            let x = rng.below(n);
+            if taken.insert(x) {
+                self.stragglers.push((x, p, keep));
+            }
+        }
+        self
+    }
+
     fn tier(&self, a: usize, b: usize) -> usize {
         let (da, db) = (&self.domains[a], &self.domains[b]);
         (0..da.len()).find(|&l| da[l] == db[l]).unwrap_or(da.len())
@@ -123,6 +150,30 @@ impl Fabric {
         bw * (1.0 + self.noise * (2.0 * rng.unit() - 1.0))
     }
 
+    /// What sendrecv between `a` and `b` measures iteration by iteration, and the pair's
+    /// figure (bytes over the whole loop's time: the harmonic mean).
+    pub fn measure_iterations(&self, a: usize, b: usize, rng: &mut Rng) -> (f64, Vec<f64>) {
+        let spikes: Vec<(f64, f64)> = self
+            .stragglers
+            .iter()
+            .filter(|s| s.0 == a || s.0 == b)
+            .map(|s| (s.1, s.2))
+            .collect();
+        let samples: Vec<f64> = (0..self.iters.max(1))
+            .map(|_| {
+                let mut bw = self.measure(a, b, rng);
+                for &(p, keep) in &spikes {
+                    if rng.unit() < p {
+                        bw *= keep;
+                    }
+                }
+                bw
+            })
+            .collect();
+        let time: f64 = samples.iter().map(|b| 1.0 / b).sum();
+        (samples.len() as f64 / time, samples)
+    }
+
     /// The adaptive schedule over this fabric: what it attributed itself, and the gate's
     /// verdict (`analysis::judge` over the pairs it measured, as `busbw tiers --pairwise
     /// adaptive` reports it) in the same form.
@@ -130,22 +181,25 @@ impl Fabric {
         let p = adaptive::run(self.domains.clone(), settings, |pairs| {
             pairs
                 .iter()
-                .map(|&(a, b)| self.measure(a, b, rng))
+                .map(|&(a, b)| self.measure_iterations(a, b, rng))
                 .collect()
         });
         let own = p.attribution();
         let names: Vec<String> = (0..self.domains.len()).map(|i| i.to_string()).collect();
         let measured: Vec<Measured> = p
-            .measured()
+            .measured_iterations()
             .into_iter()
-            .map(|((a, b), bw)| Measured {
+            .map(|((a, b), bw, samples)| Measured {
                 a,
                 b,
                 tier: self.tier(a, b).to_string(),
                 busbw: bw,
+                samples,
             })
             .collect();
-        let j = judge(&names, &measured, GATE_SLOW_FRACTION);
+        let mut j = judge(&names, &measured, GATE_SLOW_FRACTION);
+        let (strag, _) = stragglers(&names, &measured, &j.links, GATE_SLOW_FRACTION);
+        without_stragglers(&mut j, &strag);
         let node = |s: &str| s.parse::<usize>().unwrap_or(usize::MAX);
         let ratio = |m: f64, e: f64| m / e.max(f64::MIN_POSITIVE);
         let gate = Attribution {
@@ -162,6 +216,7 @@ impl Fabric {
                     ((a.min(b), a.max(b)), ratio(l.busbw, l.expected))
                 })
                 .collect(),
+            stragglers: strag.iter().map(|s| (node(&s.node), s.worst)).collect(),
             undecided: own.undecided.clone(),
             rounds: own.rounds,
             pairs: own.pairs,
@@ -175,7 +230,14 @@ impl Fabric {
         let truth_l: BTreeSet<(usize, usize)> = self.slow_links.iter().map(|x| x.0).collect();
         let got_n: BTreeSet<usize> = found.slow_nodes.iter().map(|x| x.0).collect();
         let got_l: BTreeSet<(usize, usize)> = found.slow_links.iter().map(|x| x.0).collect();
+        let truth_s: BTreeSet<usize> = self.stragglers.iter().map(|x| x.0).collect();
+        let got_s: BTreeSet<usize> = found.stragglers.iter().map(|x| x.0).collect();
         Score {
+            stragglers: Counts {
+                hit: got_s.intersection(&truth_s).count(),
+                false_alarm: got_s.difference(&truth_s).count(),
+                missed: truth_s.difference(&got_s).count(),
+            },
             nodes: Counts {
                 hit: got_n.intersection(&truth_n).count(),
                 false_alarm: got_n.difference(&truth_n).count(),
@@ -224,6 +286,7 @@ impl Counts {
 pub struct Score {
     pub nodes: Counts,
     pub links: Counts,
+    pub stragglers: Counts,
 }
 
 /// One row of the simulation table: `trials` fabrics of `n` nodes with `k` slow nodes and
@@ -233,6 +296,8 @@ pub struct Row {
     pub n: usize,
     pub k: usize,
     pub m: usize,
+    /// Stragglers.
+    pub s: usize,
     pub trials: usize,
     pub rounds_max: usize,
     pub rounds_median: f64,
@@ -242,23 +307,32 @@ pub struct Row {
     pub full_pairs: usize,
     pub nodes: Counts,
     pub links: Counts,
+    pub stragglers: Counts,
     pub undecided: usize,
 }
 
+/// A straggler's chance that an iteration is slowed (half of the time, as the trials'
+/// flapping node).
+pub const STRAGGLER_SPIKE_CHANCE: f64 = 0.5;
+
 /// OCI-like nesting (8 nodes a local block, 8 blocks a network block, 16 network blocks
-/// an island): 200, 100, 50 and 25 Gbit/s-like tiers; 3 % noise; faults keep 30 %.
-pub fn table_row(n: usize, k: usize, m: usize, trials: usize, seed: u64) -> Row {
+/// an island): 200, 100, 50 and 25 Gbit/s-like tiers; 3 % noise; faults keep 30 %;
+/// `s` stragglers slowed to 30 % in half of their iterations; 5 iterations a pair.
+pub fn table_row(n: usize, (k, m, s): (usize, usize, usize), trials: usize, seed: u64) -> Row {
     let mut rounds = Vec::new();
     let mut pairs = Vec::new();
     let (mut nodes, mut links, mut undecided) = (Counts::default(), Counts::default(), 0);
+    let mut strag = Counts::default();
     for t in 0..trials {
         let mut rng = Rng::new(seed ^ (t as u64).wrapping_mul(0x9e37_79b9));
         let f = Fabric::nested(n, &[8, 8, 16], vec![25.0, 12.5, 6.25, 3.125], 0.03)
-            .with_faults(k, m, 0.3, &mut rng);
+            .with_faults(k, m, 0.3, &mut rng)
+            .with_stragglers(s, STRAGGLER_SPIKE_CHANCE, 0.3, &mut rng);
         let (_, a) = f.run(Settings::default(), &mut rng);
-        let s = f.score(&a);
-        nodes.add(s.nodes);
-        links.add(s.links);
+        let sc = f.score(&a);
+        nodes.add(sc.nodes);
+        links.add(sc.links);
+        strag.add(sc.stragglers);
         undecided += a.undecided.len();
         rounds.push(a.rounds as f64);
         pairs.push(a.pairs as f64);
@@ -271,6 +345,7 @@ pub fn table_row(n: usize, k: usize, m: usize, trials: usize, seed: u64) -> Row 
         n,
         k,
         m,
+        s,
         trials,
         rounds_max: rounds.iter().fold(0.0f64, |a, &b| a.max(b)) as usize,
         rounds_median: med(&mut rounds),
@@ -278,6 +353,7 @@ pub fn table_row(n: usize, k: usize, m: usize, trials: usize, seed: u64) -> Row 
         full_pairs: n * (n - 1) / 2,
         nodes,
         links,
+        stragglers: strag,
         undecided,
     }
 }
@@ -342,7 +418,7 @@ mod tests {
     /// named wrongly.
     #[test]
     fn at_16384_nodes_four_slow_nodes_take_a_few_rounds_and_are_named() {
-        let r = table_row(16384, 4, 0, 3, 0xb05b);
+        let r = table_row(16384, (4, 0, 0), 3, 0xb05b);
         assert!(r.rounds_max <= 6, "{r:?}");
         assert!(
             r.nodes.precision() >= 0.95 && r.nodes.recall() >= 0.95,
@@ -352,12 +428,32 @@ mod tests {
             r.pairs_median < 8300.0,
             "about n/2 pairs and a few re-pairs: {r:?}"
         );
-        let r = table_row(16384, 2, 2, 3, 0xb05c);
+        let r = table_row(16384, (2, 2, 0), 3, 0xb05c);
         assert!(r.rounds_max <= 6, "{r:?}");
         assert!(
             r.nodes.precision() >= 0.95 && r.nodes.recall() >= 0.95,
             "{r:?}"
         );
         assert_eq!(r.links.false_alarm, 0, "{r:?}");
+    }
+
+    /// Stragglers at scale: slowed in half of their iterations, so their pairs' figures
+    /// may look healthy; the schedule re-pairs the nodes of pairs that spiked, and the
+    /// gate's verdict names the stragglers, not slow nodes or links.
+    #[test]
+    fn at_16384_nodes_stragglers_are_named_as_stragglers() {
+        let r = table_row(16384, (0, 0, 4), 3, 0x5714);
+        assert!(r.rounds_max <= 6, "{r:?}");
+        assert!(
+            r.stragglers.precision() >= 0.95 && r.stragglers.recall() >= 0.95,
+            "{r:?}"
+        );
+        assert_eq!(r.nodes.false_alarm + r.links.false_alarm, 0, "{r:?}");
+        let r = table_row(64, (1, 0, 1), 10, 0x5715);
+        assert!(
+            r.stragglers.recall() >= 0.9 && r.nodes.recall() >= 0.9,
+            "{r:?}"
+        );
+        assert_eq!(r.nodes.false_alarm + r.stragglers.false_alarm, 0, "{r:?}");
     }
 }

@@ -7,11 +7,15 @@ use busbw_launchers::topology::SourceConfig;
 use busbw_reports::tiers::TierReport;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Hosts the verdict names: suspect nodes, both ends of unexplained slow links, and the
+/// Hosts the verdict names: suspect nodes, stragglers (unless allowed), both ends of
+/// unexplained slow links, and the
 /// nodes of every group under its tier's threshold.
 pub fn named_hosts(report: &TierReport) -> BTreeSet<String> {
     let v = &report.verdict;
     let mut bad: BTreeSet<String> = v.suspect_nodes.iter().map(|s| s.node.clone()).collect();
+    if !v.stragglers_allowed {
+        bad.extend(v.stragglers.iter().map(|s| s.node.clone()));
+    }
     for l in &v.slow_links {
         bad.insert(l.a.clone());
         bad.insert(l.b.clone());
@@ -100,6 +104,8 @@ mod tests {
             failed_tiers: Vec::new(),
             unknown_nodes: Vec::new(),
             notes: Vec::new(),
+            stragglers: Vec::new(),
+            stragglers_allowed: false,
         }
     }
 

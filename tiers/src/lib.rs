@@ -15,6 +15,7 @@
 
 pub mod adaptive;
 pub mod analysis;
+pub mod budget;
 mod conclude;
 mod error;
 pub mod fabric;

@@ -42,6 +42,11 @@ pub struct Options {
     /// (tier name or key, GB/s)
     pub thresholds: Vec<(String, f64)>,
     pub slow_fraction: f64,
+    /// `--allow-stragglers`: stragglers are reported but do not fail the verdict.
+    pub allow_stragglers: bool,
+    /// `--budget`: the whole gate should end within it, counted from `started`; the
+    /// pairwise rounds are sized and counted to fit what is left (`crate::budget`).
+    pub budget: Option<(std::time::Instant, std::time::Duration)>,
     /// `--label-nodes` is on: each rank publishes its Kubernetes node name for rank 0.
     pub label_nodes: bool,
 }
@@ -151,6 +156,13 @@ pub fn run(
     opts: &Options,
     mut dev: Option<&mut DeviceMem>,
 ) -> Result<Option<Conclusion>, Error> {
+    // The groups' sweeps measure out of place only: that is the column the tier table and
+    // the verdict read, and in place would double the gate's longest phase.
+    let group_plan = Plan {
+        in_place: false,
+        ..plan.clone()
+    };
+    let plan = &group_plan;
     let mut tiers: Vec<TierRow> = Vec::new();
     // The rank sets already measured, and the tier that measured them.
     let mut measured: Vec<(Vec<Vec<usize>>, usize)> = Vec::new();

@@ -253,7 +253,21 @@ fn sweep(
             let mut cells = [None, None];
             let mut details = [None, None];
             let mut comments = Vec::new();
-            for (i, in_place) in [false, true].into_iter().enumerate() {
+            if !plan.in_place {
+                cells[1] = Some(Cell {
+                    time_us: 0.0,
+                    algbw: 0.0,
+                    busbw: 0.0,
+                    wrong: None,
+                });
+                details[1] = Some(CellDetail {
+                    time_min_us: 0.0,
+                    time_max_us: 0.0,
+                    iterations: None,
+                });
+            }
+            let placements = if plan.in_place { 2 } else { 1 };
+            for (i, in_place) in [false, true].into_iter().enumerate().take(placements) {
                 let ctx = ctx_for(counts, 99, in_place);
                 let (cell, detail) = bench(comm, plan, &ctx, st).with_context(|| {
                     format!(

@@ -84,10 +84,19 @@ fn cases(run: &RunRecord) -> Vec<Case> {
     if let Some(v) = &run.verdict {
         out.push(Case {
             class: format!("busbw.{coll}.fabric"),
-            name: "verdict (suspect nodes, slow links)".into(),
+            name: "verdict (slow nodes and links, stragglers, tiers)".into(),
             time_s: 0.0,
             failure: (!v.pass).then(|| v.reason.clone()),
         });
+        // One case per finding, named by what it blames, so a CI dashboard lists the node.
+        for f in &v.findings {
+            out.push(Case {
+                class: format!("busbw.{coll}.fabric.{}", f.kind.name()),
+                name: f.subject.clone(),
+                time_s: 0.0,
+                failure: Some(f.detail.clone()),
+            });
+        }
     }
     out
 }
@@ -164,14 +173,19 @@ mod tests {
         let mut run = sample::run_with_tiers();
         run.rows[0].in_place.wrong = Some(3);
         let x = render(&run);
-        assert!(x.contains("failures=\"3\""), "{x}");
+        assert!(x.contains("failures=\"6\""), "{x}");
         assert!(x.contains("3 wrong element(s) in-place"), "{x}");
         assert!(
             x.contains("name=\"tier cross-rack\" time=\"0.000000\">\n      <failure message=\"0.52 GB/s &lt; 0.8 x 1 GB/s\""),
             "{x}"
         );
-        // Rows, two tiers, the fabric verdict.
-        assert_eq!(x.matches("<testcase ").count(), 5);
+        // Rows, two tiers, the fabric verdict and each of its three findings, named by what
+        // it blames.
+        assert_eq!(x.matches("<testcase ").count(), 8);
+        assert!(
+            x.contains("classname=\"busbw.all_reduce.fabric.straggler\" name=\"node-b\""),
+            "{x}"
+        );
         assert!(x.contains("name=\"1 KiB root -1 ring\""), "{x}");
     }
 

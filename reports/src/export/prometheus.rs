@@ -144,6 +144,17 @@ pub fn render(run: &RunRecord, job: &str) -> String {
             f.sample("busbw_tier_pass", &l, if pass { 1.0 } else { 0.0 });
         }
     }
+    if let Some(v) = run.verdict.as_ref().filter(|v| !v.findings.is_empty()) {
+        f.head(
+            "busbw_verdict_finding",
+            "1 per finding of the fabric verdict: kind (slow_node, slow_link, straggler, wrong_data, tier_under_threshold) and what it names.",
+        );
+        for x in &v.findings {
+            let mut l: Vec<(&str, &str)> = base.to_vec();
+            l.extend([("kind", x.kind.name()), ("subject", x.subject.as_str())]);
+            f.sample("busbw_verdict_finding", &l, 1.0);
+        }
+    }
     if let Some(sum) = &run.summary {
         f.head(
             "busbw_avg_bus_bandwidth_bytes_per_second",

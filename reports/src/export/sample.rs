@@ -167,6 +167,7 @@ pub fn run_with_tiers() -> RunRecord {
                 verdict: Some(VerdictRecord {
                     pass: true,
                     reason: "1.61 GB/s >= 0.8 x 2 GB/s".into(),
+                    findings: Vec::new(),
                 }),
             },
             TierRecord {
@@ -191,6 +192,7 @@ pub fn run_with_tiers() -> RunRecord {
                 verdict: Some(VerdictRecord {
                     pass: false,
                     reason: "0.52 GB/s < 0.8 x 1 GB/s".into(),
+                    findings: Vec::new(),
                 }),
             },
         ],
@@ -209,9 +211,32 @@ pub fn run_with_tiers() -> RunRecord {
             reason: "0.4 GB/s, 21% of the median".into(),
         }],
     });
+    let finding = |kind, subject: &str, detail: &str| crate::tiers::Finding {
+        kind,
+        subject: subject.into(),
+        detail: detail.into(),
+    };
+    use crate::tiers::FindingKind as K;
     r.verdict = Some(VerdictRecord {
         pass: false,
         reason: "tier cross-rack failed".into(),
+        findings: vec![
+            finding(
+                K::SlowLink,
+                "node-a - node-c",
+                "slow link node-a - node-c (tier cross-rack): 0.4 GB/s, expected 1.85 GB/s",
+            ),
+            finding(
+                K::Straggler,
+                "node-b",
+                "straggler node-b: 3 of 12 iterations spiked (25%), with 2 of 2 partners",
+            ),
+            finding(
+                K::TierUnderThreshold,
+                "cross-rack",
+                "tier cross-rack below its threshold: 0.52 GB/s",
+            ),
+        ],
     });
     r
 }
