@@ -10,12 +10,15 @@
 #   straggler  one node throttled to SLOW for ON seconds, free for OFF seconds, again and
 #              again (a flapping NIC or a noisy neighbour: its links' medians can be healthy)
 #   healthy    nothing
+#   hung       one node's busbw (not node0's: it serves the job's store) stopped (SIGSTOP)
+#              a second after the job is up; that case runs at -T HUNG_T (10 s) instead of
+#              60, since the gate gives up on a node within a few -T
 # Each trial runs the gate on every node at `-b 16M -e 16M -n 3 --budget BUDGET` and reads
 # rank 0's JSON report. A trial is exact when the verdict names the fault and nothing else
 # (slow node, slow link or straggler; nothing for healthy). Prints a line per trial and per
 # case: exact trials, median and slowest time to the verdict (all ranks exited). Needs root.
 #
-#   bench/scripts/gate-trials.sh [--trials 10] [--cases "node link straggler healthy"]
+#   bench/scripts/gate-trials.sh [--trials 10] [--cases "node link straggler healthy hung"]
 #       [--nodes 8] [--rate 1gbit] [--slow 300mbit] [--flap 0.5,0.5] [--budget 30s]
 #       [--seed 39] [--no-build] [-- extra busbw tiers flags]
 #
@@ -25,7 +28,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SIM="$ROOT/bench/tests/simcluster.sh"
 TRIALS=10
-CASES="node link straggler healthy"
+CASES="node link straggler healthy hung"
+HUNG_T=10
 NODES=8
 RATE=1gbit
 SLOW=300mbit
@@ -55,8 +59,8 @@ done
 [[ $FLAP =~ ^([0-9.]+),([0-9.]+)$ ]] || { echo "gate-trials.sh: --flap is ON,OFF in seconds" >&2; exit 2; }
 ON=${BASH_REMATCH[1]} OFF=${BASH_REMATCH[2]}
 for c in $CASES; do
-    case $c in node | link | straggler | healthy) ;; *)
-        echo "gate-trials.sh: unknown case '$c' (node, link, straggler, healthy)" >&2; exit 2 ;;
+    case $c in node | link | straggler | healthy | hung) ;; *)
+        echo "gate-trials.sh: unknown case '$c' (node, link, straggler, healthy, hung)" >&2; exit 2 ;;
     esac
 done
 
@@ -82,27 +86,44 @@ echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $
 RANDOM=$SEED
 PORT=$((20000 + $$ % 20000))
 
-# One gate run; prints the seconds until every rank exited. Reports in $WORK/r.<i>.json.
+# One gate run at -T $1; prints the seconds until every rank exited (but node $2's, when
+# given: it is stopped a second after the job is up, and killed once the others are done).
+# Reports in $WORK/r.<i>.json.
 gate() {
-    local i pids=() t0 t1
+    local timeout=$1 victim=${2:-} i pids=() t0 t1
     PORT=$((PORT + 1))
     rm -f "$WORK"/r.*.json
     t0=$(date +%s.%N)
     for ((i = 0; i < NODES; i++)); do
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             RANK="$i" WORLD_SIZE="$NODES" MASTER_ADDR=node0 MASTER_PORT="$PORT" \
-            bash "$SIM" exec "$NAME" "$i" "$BIN" tiers -b 16M -e 16M -n 3 -T 60 \
+            bash "$SIM" exec "$NAME" "$i" "$BIN" tiers -b 16M -e 16M -n 3 -T "$timeout" \
             --topology-preset oci --topology-file "$LABELS" --transport tcp \
             --budget "$BUDGET" --export-json "$WORK/r.$i.json" "${EXTRA[@]}" \
             >"$WORK/out.$i" 2>&1 &
         pids+=($!)
     done
-    for p in "${pids[@]}"; do wait "$p" || true; done
+    if [[ -n $victim ]]; then
+        # Rank 0 writes its report's header once the job is up.
+        for ((i = 0; i < 600; i++)); do
+            [[ -e $WORK/r.0.json ]] && break
+            sleep 0.1
+        done
+        sleep 1
+        pkill -STOP -f "$WORK/r.$victim.json" || true
+    fi
+    for ((i = 0; i < NODES; i++)); do
+        [[ $i == "$victim" ]] || wait "${pids[$i]}" || true
+    done
     t1=$(date +%s.%N)
+    if [[ -n $victim ]]; then
+        pkill -KILL -f "$WORK/r.$victim.json" || true
+        wait "${pids[$victim]}" 2>/dev/null || true
+    fi
     awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
 }
 
-# What rank 0's verdict names, one word each: node:N, link:A-B, straggler:N.
+# What rank 0's verdict names, one word each: node:N, link:A-B, straggler:N, unreachable:N.
 named() {
     python3 - "$WORK/r.0.json" <<'EOF'
 import json, sys
@@ -114,6 +135,7 @@ except Exception as e:
 out = [f"node:{s['node']}" for s in v["suspect_nodes"]]
 out += ["link:" + "-".join(sorted([l["a"], l["b"]])) for l in v["slow_links"]]
 out += [f"straggler:{s['node']}" for s in v.get("stragglers", [])]
+out += [f"unreachable:{u['node']}" for u in v.get("unreachable_nodes", [])]
 print(" ".join(sorted(out)) or "-")
 EOF
 }
@@ -137,8 +159,9 @@ for c in $CASES; do
             FLAPPER=$!
             ;;
         healthy) want="-" ;;
+        hung) a=$((1 + RANDOM % (NODES - 1))); want="unreachable:node$a" ;;
         esac
-        secs=$(gate)
+        if [[ $c == hung ]]; then secs=$(gate "$HUNG_T" "$a"); else secs=$(gate 60); fi
         case $c in
         node) bash "$SIM" throttle "$NAME" "$a" off ;;
         link) bash "$SIM" throttle-link "$NAME" "$a" "$b" off ;;

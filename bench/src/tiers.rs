@@ -193,12 +193,17 @@ struct MainTable<'a> {
     exports: Option<ExportSink>,
     /// The whole job's sweep, for the footer and the exit code.
     summary: Summary,
+    /// Where the whole job's sweep stopped, when the gate went on without it.
+    failed: Option<String>,
 }
 
 impl MainTable<'_> {
     /// The sweep over the whole job, shown as any run is; on every rank, what it measured
-    /// (rank 0's rows are the ones that count).
+    /// (rank 0's rows are the ones that count). Under busbw's own engine a failure is kept
+    /// in the sweep and the gate goes on: its roll call finds whom to give up on
+    /// (`busbw_tiers::run`). Under NCCL it ends the job.
     fn whole_job(&mut self, comm: &mut Communicator, dev: Option<&mut DeviceMem>) -> Result<Sweep> {
+        let tolerant = self.plan.engine != busbw_measure::plan::Engine::Nccl && comm.size() > 1;
         let rank0 = self.rank0;
         let mut out = WorldSink {
             table: &mut self.table,
@@ -222,6 +227,19 @@ impl MainTable<'_> {
         };
         let summary = match ran {
             Ok(s) => s,
+            Err(e) if tolerant => {
+                let why = busbw_measure::chain(&e);
+                let mut f = footer(self.plan, &Summary::default());
+                f.error = Some(format!("{why} (the gate goes on: see the verdict)"));
+                if rank0 {
+                    sink.footer(&f)?;
+                }
+                self.failed = Some(why.clone());
+                return Ok(Sweep {
+                    failed: Some(why),
+                    ..Sweep::from_rows(&sink.rows, 0)
+                });
+            }
             Err(e) => {
                 let e = anyhow::Error::new(e);
                 fail(&mut self.exports, &format!("{e:#}"));
@@ -285,6 +303,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         table,
         exports,
         summary: Summary::default(),
+        failed: None,
     };
     let factory = if session.comm.size() > 1 {
         Some(busbw_job::transport::group_factory(
@@ -300,7 +319,7 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         None
     };
     let world_sweep = bench.whole_job(&mut session.comm, dev.as_mut())?;
-    let concluded = busbw_tiers::run(
+    let concluded = match busbw_tiers::run(
         world_sweep,
         &mut session.comm,
         plan,
@@ -309,15 +328,26 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
         &topo,
         &opts.tiers,
         dev.as_mut(),
-    )?
-    .map(|mut c| {
-        c.report.data_path = data_path;
-        c
-    });
+    ) {
+        Ok(c) => c.map(|mut c| {
+            c.report.data_path = data_path;
+            c
+        }),
+        Err(e @ busbw_tiers::Error::MarkedFailed { .. }) => {
+            // Not this rank's error to report for the job: rank 0's verdict names the node.
+            eprintln!("busbw: rank {rank} on {}: {e}", world.hostname);
+            session.finish()?;
+            return Ok(exit::WRONG_RESULTS);
+        }
+        Err(e) => return Err(e.into()),
+    };
 
     // The job's exit code, decided on rank 0.
     let code = match concluded {
         Some(c) => {
+            if let Some(r) = &session.rdv {
+                r.excuse(c.lost_ranks);
+            }
             let code = finish_rank0(&mut bench, &c, &*store, opts)?;
             store.set("tiers/exit", code.to_string().as_bytes())?;
             code
@@ -342,7 +372,8 @@ fn finish_rank0(
     store: &dyn Store,
     opts: &Options,
 ) -> Result<i32> {
-    let footer = footer(bench.plan, &bench.summary);
+    let mut footer = footer(bench.plan, &bench.summary);
+    footer.error = bench.failed.clone();
     bench.table.tiers(&c.report)?;
     if let Some(e) = &mut bench.exports {
         e.set_tier_report(&c.report, &bench.plan.spec.busbw_factor)
@@ -350,7 +381,8 @@ fn finish_rank0(
             .context("writing the export files")?;
     }
     let bw_ok = footer.bandwidth_ok().unwrap_or(true);
-    let run_ok = bench.summary.out_of_bounds == 0 && bw_ok && c.wrong == 0;
+    let run_ok =
+        bench.summary.out_of_bounds == 0 && bw_ok && c.wrong == 0 && bench.failed.is_none();
     let mut code = if c.passed() && run_ok {
         exit::OK
     } else {

@@ -353,7 +353,16 @@ impl Cluster {
 
     /// One rank per node, torchrun variables, store on node0.
     fn run(&self, port: u16, out_json: &std::path::Path, extra: &[&str]) -> Vec<Output> {
-        let children: Vec<Child> = (0..8)
+        self.spawn(port, out_json, extra)
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect()
+    }
+
+    /// [`Cluster::run`]'s ranks, started: node `i` writes `out_json` with extension
+    /// `i.json`, which tells its processes apart.
+    fn spawn(&self, port: u16, out_json: &std::path::Path, extra: &[&str]) -> Vec<Child> {
+        (0..8)
             .map(|i| {
                 let mut c = Command::new("bash");
                 c.args([
@@ -364,9 +373,13 @@ impl Cluster {
                     BUSBW,
                     "tiers",
                 ])
-                .args([
-                    "-b", "2M", "-e", "2M", "-n", "4", "-w", "1", "-c", "0", "-T", "120",
-                ])
+                .args(["-b", "2M", "-e", "2M", "-n", "4", "-w", "1", "-c", "0"])
+                // -T once: a test that wants its own gives it in `extra`.
+                .args(if extra.contains(&"-T") {
+                    &[][..]
+                } else {
+                    &["-T", "120"][..]
+                })
                 .args([
                     "--topology-preset",
                     "oci",
@@ -397,10 +410,6 @@ impl Cluster {
                     .stderr(Stdio::piped());
                 c.spawn().unwrap()
             })
-            .collect();
-        children
-            .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
             .collect()
     }
 }
@@ -713,5 +722,96 @@ fn a_budget_buys_the_whole_matrix_and_a_throttled_link_is_named() {
     assert!(stdout.contains("#   budget 90 s:"), "{stdout}");
     let findings = &report["verdict"]["findings"];
     assert_eq!(findings[0]["kind"], "slow_link", "{findings}");
+    drop(cluster);
+}
+
+/// A node that hangs mid-run (issue 39): its process stopped once the job is up. The gate
+/// does not end with the timeout's error: rank 0 gives up on the node within a few `-T`,
+/// the rest of the gate runs without it, and the verdict names it unreachable and nothing
+/// else. The other ranks exit 7 with the verdict.
+#[test]
+fn a_node_that_hangs_is_named_unreachable_and_the_rest_is_judged() {
+    if !can_run_netns("a_node_that_hangs_is_named_unreachable_and_the_rest_is_judged") {
+        return;
+    }
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up("hang", None);
+    let tag = format!("hang{}", std::process::id());
+    let out_json = tmp(&format!("{tag}.json"));
+    let start = Instant::now();
+    let mut children = cluster.spawn(port(5), &out_json, &["-T", "5"]);
+    // Rank 0 writes its report's header once every rank has joined: then node5 stops
+    // (its process and the wrapper that started it, all named by its report's path).
+    let first = out_json.with_extension("0.json");
+    while !first.exists() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = format!("{tag}.5.json");
+    let stop = Command::new("pkill")
+        .args(["-STOP", "-f", &victim])
+        .status()
+        .unwrap();
+    let stopped_at = start.elapsed().as_secs_f64();
+    let mut outs = Vec::new();
+    for (i, c) in children.drain(..).enumerate() {
+        if i == 5 {
+            outs.push(None);
+            continue;
+        }
+        outs.push(Some(c.wait_with_output().unwrap()));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f", &victim])
+        .status();
+    let all: String = outs
+        .iter()
+        .flatten()
+        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+        .collect();
+    let stdout = outs[0]
+        .as_ref()
+        .map(|o| text(&o.stdout))
+        .unwrap_or_default();
+    let _ = writeln!(
+        std::io::stderr(),
+        "hang: node5 stopped at {stopped_at:.1} s, verdict at {secs:.1} s\n{all}"
+    );
+    assert!(
+        stop.success(),
+        "node5's process was not found to stop\n{all}"
+    );
+    for (i, o) in outs.iter().enumerate() {
+        if let Some(o) = o {
+            assert_eq!(o.status.code(), Some(7), "node{i}\n{all}");
+        }
+    }
+    let report = json(&first);
+    let v = &report["tier_report"]["verdict"];
+    let lost: Vec<&str> = v["unreachable_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost, ["node5"], "{stdout}");
+    assert!(
+        v["suspect_nodes"].as_array().unwrap().is_empty(),
+        "{stdout}"
+    );
+    assert!(v["slow_links"].as_array().unwrap().is_empty(), "{stdout}");
+    assert!(stdout.contains("unreachable node node5:"), "{stdout}");
+    // The rest was judged without it: its pairs are absent from the matrix, the others'
+    // are there.
+    let links = report["tier_report"]["matrix"]["links"].as_array().unwrap();
+    assert!(!links.is_empty(), "{stdout}");
+    assert!(
+        links.iter().all(|l| l["a"] != "node5" && l["b"] != "node5"),
+        "{stdout}"
+    );
+    let findings = &report["verdict"]["findings"];
+    assert_eq!(findings[0]["kind"], "unreachable_node", "{findings}");
+    assert_eq!(findings[0]["subject"], "node5", "{findings}");
     drop(cluster);
 }

@@ -40,6 +40,8 @@ pub struct Rendezvous {
     /// Set before this rank checks out, so a watcher that then loses the store knows the loss
     /// is the normal end of the job and not rank 0 dying.
     finished: Arc<AtomicBool>,
+    /// Ranks rank 0 does not wait for at check-out ([`Rendezvous::excuse`]).
+    excused: std::sync::atomic::AtomicUsize,
     watchers: Mutex<Vec<Watcher>>,
     barrier_generation: Mutex<HashMap<String, u64>>,
 }
@@ -109,6 +111,7 @@ fn join(
         token: token.map(str::to_string),
         timeout,
         finished: Arc::new(AtomicBool::new(false)),
+        excused: std::sync::atomic::AtomicUsize::new(0),
         watchers: Mutex::new(Vec::new()),
         barrier_generation: Mutex::new(HashMap::new()),
     })
@@ -388,6 +391,12 @@ impl Rendezvous {
         result
     }
 
+    /// Rank 0: `ranks` ranks will never check out (ranks a gate gave up on: hung, or cut
+    /// off from the store), so check-out ends once the others have.
+    pub fn excuse(&self, ranks: usize) {
+        self.excused.fetch_add(ranks, Ordering::AcqRel);
+    }
+
     fn check_out(&self) -> Result<(), StoreError> {
         let arrived = self.store.add(FINISH_COUNT, 1)?;
         if arrived == self.size as i64 {
@@ -396,6 +405,9 @@ impl Rendezvous {
         if lock(&self.server).is_none() {
             return Ok(());
         }
+        let expected = self
+            .size
+            .saturating_sub(self.excused.load(Ordering::Acquire)) as i64;
         let start = Instant::now();
         let mut linger_until = self.store.get(ABORT_KEY)?.map(|_| start + ABORT_LINGER);
         loop {
@@ -418,6 +430,9 @@ impl Rendezvous {
             }
             match self.store.wait(&[FINISH_DONE], remaining.min(WATCH_POLL)) {
                 Ok(_) => return Ok(()),
+                Err(StoreError::Timeout { .. }) if self.store.add(FINISH_COUNT, 0)? >= expected => {
+                    return Ok(());
+                }
                 Err(StoreError::Timeout { .. }) => {
                     if linger_until.is_none() && self.store.get(ABORT_KEY)?.is_some() {
                         linger_until = Some(Instant::now() + ABORT_LINGER);

@@ -167,6 +167,18 @@ pub struct Verdict {
     pub stragglers: Vec<Straggler>,
     #[serde(default)]
     pub stragglers_allowed: bool,
+    /// Nodes the gate gave up on: a rank that stopped answering (hung, killed, cut off from
+    /// the job's store) or a node no partner could exchange data with. The rest of the
+    /// verdict was reached without them.
+    #[serde(default)]
+    pub unreachable_nodes: Vec<UnreachableNode>,
+}
+
+/// A node marked failed, and why: what it did not answer, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnreachableNode {
+    pub node: String,
+    pub reason: String,
 }
 
 impl Verdict {
@@ -175,6 +187,13 @@ impl Verdict {
         let mut out = Vec::new();
         let lines = verdict_lines(self);
         let mut lines = lines.into_iter();
+        for u in &self.unreachable_nodes {
+            out.push(Finding::new(
+                FindingKind::UnreachableNode,
+                &u.node,
+                lines.next(),
+            ));
+        }
         for s in &self.suspect_nodes {
             out.push(Finding::new(FindingKind::SlowNode, &s.node, lines.next()));
         }
@@ -212,6 +231,8 @@ pub enum FindingKind {
     SlowNode,
     SlowLink,
     Straggler,
+    /// Hung, gone, or cut off: marked failed within `-T`.
+    UnreachableNode,
     WrongData,
     TierUnderThreshold,
 }
@@ -222,6 +243,7 @@ impl FindingKind {
             FindingKind::SlowNode => "slow_node",
             FindingKind::SlowLink => "slow_link",
             FindingKind::Straggler => "straggler",
+            FindingKind::UnreachableNode => "unreachable_node",
             FindingKind::WrongData => "wrong_data",
             FindingKind::TierUnderThreshold => "tier_under_threshold",
         }
@@ -355,6 +377,9 @@ impl TierReport {
 /// One line per finding of the verdict, without the comment prefix.
 fn verdict_lines(v: &Verdict) -> Vec<String> {
     let mut out = Vec::new();
+    for u in &v.unreachable_nodes {
+        out.push(format!("unreachable node {}: {}", u.node, u.reason));
+    }
     for s in &v.suspect_nodes {
         out.push(format!(
             "suspect node {}: {} of {} links slow, median {} GB/s, expected {} GB/s",
@@ -419,7 +444,11 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
         ));
     }
     out.extend(v.notes.iter().cloned());
-    if v.passed && v.suspect_nodes.is_empty() && v.slow_links.is_empty() {
+    if v.passed
+        && v.suspect_nodes.is_empty()
+        && v.slow_links.is_empty()
+        && v.unreachable_nodes.is_empty()
+    {
         out.push(if v.stragglers.is_empty() {
             "no suspect node, no slow link, no straggler".into()
         } else {
@@ -682,6 +711,7 @@ mod tests {
                 notes: vec![],
                 stragglers: vec![],
                 stragglers_allowed: false,
+                unreachable_nodes: vec![],
             },
         }
     }
@@ -737,6 +767,40 @@ mod tests {
         let mut want = tier_lines(&sample()).join("\n");
         want.push('\n');
         assert_eq!(String::from_utf8(t.into_inner()).unwrap(), want);
+    }
+
+    #[test]
+    fn an_unreachable_node_is_the_first_finding_and_fails_the_verdict_line() {
+        let mut r = sample();
+        r.verdict.unreachable_nodes.push(UnreachableNode {
+            node: "node2".into(),
+            reason: "rank 2 did not answer within 5 s (-T) after the whole job's sweep".into(),
+        });
+        let f = r.verdict.findings();
+        assert_eq!(f[0].kind, FindingKind::UnreachableNode);
+        assert_eq!(
+            (f[0].kind.name(), f[0].subject.as_str()),
+            ("unreachable_node", "node2")
+        );
+        assert_eq!(
+            f[0].detail,
+            "unreachable node node2: rank 2 did not answer within 5 s (-T) after the whole job's sweep"
+        );
+        // The slow node's finding keeps its own line.
+        assert_eq!(f[1].kind, FindingKind::SlowNode);
+        assert!(
+            f[1].detail.starts_with("suspect node node1"),
+            "{}",
+            f[1].detail
+        );
+        // A report written before the field existed still reads.
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["verdict"]
+            .as_object_mut()
+            .unwrap()
+            .remove("unreachable_nodes");
+        let back: TierReport = serde_json::from_value(v).unwrap();
+        assert!(back.verdict.unreachable_nodes.is_empty());
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct Pairing {
     /// Nodes in any slow pair: lent last, since one more slow pair (with the slow node it
     /// is lent to) would make most of a good node's few links slow.
     tainted: BTreeSet<usize>,
+    /// Nodes given up on (hung or unreachable: [`Pairing::lose`]): never paired again, and
+    /// nothing they were in counts for or against anyone.
+    lost: BTreeSet<usize>,
 }
 
 fn key(a: usize, b: usize) -> (usize, usize) {
@@ -139,7 +142,29 @@ impl Pairing {
             tier_median: Vec::new(),
             lent: BTreeMap::new(),
             tainted: BTreeSet::new(),
+            lost: BTreeSet::new(),
         }
+    }
+
+    /// Gives up on node `x`: it stopped answering, so its pairs say nothing about its
+    /// partners, which are measured again with others if they have no other measurement.
+    pub fn lose(&mut self, x: usize) {
+        if !self.lost.insert(x) {
+            return;
+        }
+        let with_x = |a: usize, b: usize| a == x || b == x;
+        self.seen.retain(|s| !with_x(s.a, s.b));
+        self.open.retain(|o| !with_x(o.0, o.1));
+        self.slow_with_good.remove(&x);
+        for v in self.slow_with_good.values_mut() {
+            v.retain(|w| w.0 != x);
+        }
+        self.good.remove(&x);
+        self.slow_nodes.remove(&x);
+        self.stragglers.remove(&x);
+        self.slow_links.retain(|&(a, b), _| !with_x(a, b));
+        self.refresh_medians();
+        self.decide();
     }
 
     fn nodes(&self) -> usize {
@@ -198,7 +223,9 @@ impl Pairing {
     /// nodes sorted by their domains, paired with the node half the list away), disjoint;
     /// an odd node out waits for a good partner.
     fn first_round(&self) -> Vec<(usize, usize)> {
-        let mut order: Vec<usize> = (0..self.nodes()).collect();
+        let mut order: Vec<usize> = (0..self.nodes())
+            .filter(|x| !self.lost.contains(x))
+            .collect();
         order.sort_by(|&a, &b| {
             self.domains[a]
                 .iter()
@@ -242,14 +269,14 @@ impl Pairing {
                 } else {
                     self.good.contains(&x)
                 };
-                if !decided && !cleared {
+                if !decided && !cleared && !self.lost.contains(&x) {
                     s.insert(x);
                 }
             }
         }
         let measured: BTreeSet<usize> = self.seen.iter().flat_map(|p| [p.a, p.b]).collect();
         for x in 0..self.nodes() {
-            if !measured.contains(&x) {
+            if !measured.contains(&x) && !self.lost.contains(&x) {
                 s.insert(x);
             }
         }

@@ -1,13 +1,15 @@
 //! Rank 0's conclusion: the tier table, the judged link matrix and the verdict, and what
 //! `--label-nodes` makes of them.
 
-use crate::analysis::{self, Measured};
+use crate::analysis;
 use crate::gate;
+use crate::liveness::Lost;
+use crate::pairwise::Links;
 use crate::topology::{Topology, NODE_NAME_KEY};
 use crate::{Error, Job, Options};
 use busbw_launchers::topology::node_labels::{NodeLabel, Patch};
 use busbw_launchers::Store;
-use busbw_reports::tiers::{LinkMatrix, NodeInfo, TierFailure, TierReport, TierRow, Verdict};
+use busbw_reports::tiers::{NodeInfo, TierFailure, TierReport, TierRow, UnreachableNode, Verdict};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -19,6 +21,8 @@ pub struct Conclusion {
     pub wrong: u64,
     /// Each rank's host, in rank order.
     hosts: Vec<String>,
+    /// Ranks of the nodes given up on at a roll call: they may never check out of the job.
+    pub lost_ranks: usize,
 }
 
 impl Conclusion {
@@ -52,13 +56,16 @@ impl Conclusion {
     }
 }
 
-/// The report and whether the fabric passed, from the tiers and the measured links.
+/// The report and whether the fabric passed, from the tiers, the measured links and the
+/// nodes given up on. A suspect node every one of whose measured pairs failed outright is
+/// unreachable rather than slow.
 pub(crate) fn conclude(
     job: &Job,
     topo: &Topology,
     tiers: Vec<TierRow>,
-    links: Option<(LinkMatrix, Vec<Measured>)>,
+    links: Option<Links>,
     wrong: u64,
+    lost: Lost,
     opts: &Options,
 ) -> Conclusion {
     let (nodes, model) = (&topo.nodes, &topo.model);
@@ -71,6 +78,14 @@ pub(crate) fn conclude(
         notes: Vec::new(),
         stragglers: Vec::new(),
         stragglers_allowed: opts.allow_stragglers,
+        unreachable_nodes: lost
+            .nodes
+            .iter()
+            .map(|(&n, why)| UnreachableNode {
+                node: nodes.names[n].clone(),
+                reason: why.clone(),
+            })
+            .collect(),
     };
     for t in &tiers {
         if let (Some(false), Some(th), Some(last)) = (t.passed, t.threshold, t.sizes.last()) {
@@ -87,7 +102,7 @@ pub(crate) fn conclude(
             ));
         }
     }
-    let matrix = links.map(|(mut m, measured)| {
+    let matrix = links.map(|(mut m, measured, failed)| {
         let mut j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
         let (stragglers, note) =
             analysis::stragglers(&nodes.names, &measured, &j.links, opts.slow_fraction);
@@ -95,10 +110,49 @@ pub(crate) fn conclude(
         verdict.stragglers = stragglers;
         verdict.notes.extend(note);
         m.links = j.links;
-        verdict.suspect_nodes = j.suspects;
+        let index = |name: &str| nodes.names.iter().position(|n| n == name);
+        let failed_with = |x: usize| -> Vec<&String> {
+            failed
+                .iter()
+                .filter(|((a, b), _)| *a == x || *b == x)
+                .map(|(_, why)| why)
+                .collect()
+        };
+        for s in j.suspects {
+            let x = index(&s.node);
+            let pairs = measured
+                .iter()
+                .filter(|l| Some(l.a) == x || Some(l.b) == x)
+                .count();
+            let whys = x.map(failed_with).unwrap_or_default();
+            if pairs > 0 && whys.len() == pairs {
+                verdict.unreachable_nodes.push(UnreachableNode {
+                    node: s.node.clone(),
+                    reason: format!(
+                        "answers, but no partner could exchange data with it ({pairs} of {pairs} pairs failed): {}",
+                        whys[0]
+                    ),
+                });
+            } else {
+                verdict.suspect_nodes.push(s);
+            }
+        }
+        for l in &j.unexplained {
+            if let (Some(a), Some(b)) = (index(&l.a), index(&l.b)) {
+                if let Some((_, why)) = failed
+                    .iter()
+                    .find(|(p, _)| *p == (a, b) || *p == (b, a))
+                {
+                    verdict
+                        .notes
+                        .push(format!("link {} - {} carried no data: {why}", l.a, l.b));
+                }
+            }
+        }
         verdict.slow_links = j.unexplained;
         m
     });
+    verdict.notes.extend(lost.failures.iter().cloned());
     let mut seen_unknown = BTreeSet::new();
     for t in &tiers {
         for n in &t.unknown_nodes {
@@ -119,6 +173,8 @@ pub(crate) fn conclude(
         ));
     }
     verdict.passed = verdict.failed_tiers.is_empty()
+        && verdict.unreachable_nodes.is_empty()
+        && lost.failures.is_empty()
         && verdict.suspect_nodes.is_empty()
         && verdict.slow_links.is_empty()
         && (verdict.stragglers.is_empty() || opts.allow_stragglers)
@@ -149,9 +205,11 @@ pub(crate) fn conclude(
         verdict,
         data_path: None,
     };
+    let lost_ranks = nodes.of_rank.iter().filter(|&&n| lost.contains(n)).count();
     Conclusion {
         report,
         wrong,
+        lost_ranks,
         hosts: nodes
             .of_rank
             .iter()

@@ -49,6 +49,10 @@ pub enum Error {
         #[source]
         source: CommError,
     },
+    /// Rank 0 gave up on this rank's node (it answered too late, or its partners could not
+    /// reach it); the gate goes on without it and rank 0's verdict names it.
+    #[error("rank 0 marked this node ({node}) failed and goes on without it: {reason}")]
+    MarkedFailed { node: String, reason: String },
     #[error("the job was aborted: {0}")]
     Aborted(String),
     /// Groups or pairs (in words) that never reported within their budget.

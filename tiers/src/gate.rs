@@ -7,12 +7,13 @@ use busbw_launchers::topology::SourceConfig;
 use busbw_reports::tiers::TierReport;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Hosts the verdict names: suspect nodes, stragglers (unless allowed), both ends of
-/// unexplained slow links, and the
-/// nodes of every group under its tier's threshold.
+/// Hosts the verdict names: unreachable and suspect nodes, stragglers (unless allowed),
+/// both ends of unexplained slow links, and the nodes of every group under its tier's
+/// threshold.
 pub fn named_hosts(report: &TierReport) -> BTreeSet<String> {
     let v = &report.verdict;
     let mut bad: BTreeSet<String> = v.suspect_nodes.iter().map(|s| s.node.clone()).collect();
+    bad.extend(v.unreachable_nodes.iter().map(|u| u.node.clone()));
     if !v.stragglers_allowed {
         bad.extend(v.stragglers.iter().map(|s| s.node.clone()));
     }
@@ -106,6 +107,7 @@ mod tests {
             notes: Vec::new(),
             stragglers: Vec::new(),
             stragglers_allowed: false,
+            unreachable_nodes: Vec::new(),
         }
     }
 

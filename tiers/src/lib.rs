@@ -20,6 +20,7 @@ mod conclude;
 mod error;
 pub mod fabric;
 pub mod gate;
+mod liveness;
 mod pairwise;
 mod run;
 pub mod schedule;
@@ -27,5 +28,6 @@ mod topology;
 
 pub use conclude::Conclusion;
 pub use error::Error;
+pub use liveness::Lost;
 pub use run::{run, Collect, Job, Options, Sweep};
 pub use topology::Topology;

@@ -3,7 +3,8 @@
 
 use crate::adaptive::{Pairing, Settings};
 use crate::analysis::{self, Measured};
-use crate::run::wait_all;
+use crate::liveness::Lost;
+use crate::run::{wait_all, wait_some};
 use crate::topology::Topology;
 use crate::{budget, schedule, Error, Job, Options};
 use busbw_collectives::{
@@ -11,8 +12,12 @@ use busbw_collectives::{
 };
 use busbw_job::Factory;
 use busbw_reports::tiers::LinkMatrix;
-use std::collections::BTreeMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// What the pairing measured, on rank 0: the matrix (links not judged yet), the measured
+/// pairs, and the pairs that failed with why (both nodes answered, but no data crossed).
+pub(crate) type Links = (LinkMatrix, Vec<Measured>, Vec<((usize, usize), String)>);
 
 /// Sendrecv between node leaders, round after round of disjoint pairs, each round chosen
 /// by rank 0's [`Planner`] and published through the store: the round robin (every pair),
@@ -21,13 +26,21 @@ use std::time::Instant;
 /// `--budget` a probe round first and, after the adaptive rounds, the pairs not yet measured
 /// while time remains; then the unexplained slow links again. On rank 0 the matrix (links
 /// not judged yet) and the measured pairs.
+///
+/// With `tolerant` a pair that fails is a result, not the job's end: both its leaders say
+/// they are still there, rank 0 gives up on a node that does not (within `-T`, into
+/// `lost`: it is never paired again) and the schedule treats a failed pair between two
+/// live nodes as one that delivered nothing, so a node nobody can reach is re-paired and
+/// named like a slow node ([`crate::conclude`] calls it unreachable).
 pub(crate) fn pairwise(
     comm: &Communicator,
     factory: Option<&Factory>,
     job: &Job,
     topo: &Topology,
     opts: &Options,
-) -> Result<(LinkMatrix, Vec<Measured>), Error> {
+    lost: &mut Lost,
+    tolerant: bool,
+) -> Result<Links, Error> {
     let nodes = &topo.nodes;
     let store = &*job.store;
     let rank = comm.rank();
@@ -47,6 +60,11 @@ pub(crate) fn pairwise(
     }
     let tier = |a, b| topo.link_tier(a, b);
     let mut planner = (rank == 0).then(|| Planner::new(topo, opts, bytes, &tier));
+    if let Some(p) = planner.as_mut() {
+        for &x in lost.nodes.keys() {
+            p.lose(x);
+        }
+    }
     for ri in 0.. {
         // Rank 0 decides each round from the results so far; everyone reads it.
         let k = format!("tiers/round/{ri}");
@@ -55,15 +73,25 @@ pub(crate) fn pairwise(
                 let left = opts
                     .budget
                     .map(|(started, total)| budget::left(started, total));
-                let next = p.next(left).unwrap_or_default();
+                let mut next = p.next(left).unwrap_or_default();
+                next.lost = lost.nodes.clone();
                 store.set(&k, serde_json::to_string(&next)?.as_bytes())?;
                 next
             }
             None => {
-                let v = store.wait(&[&k], timeout * 4)?;
+                // Rank 0 may spend a -T on a failed pair and another on its roll call.
+                let v = store.wait(&[&k], timeout * 6)?;
                 serde_json::from_slice(&v[0])?
             }
         };
+        lost.nodes.extend(round.lost.clone());
+        let me = nodes.of_rank[rank];
+        if let Some(reason) = lost.nodes.get(&me) {
+            return Err(Error::MarkedFailed {
+                node: nodes.names[me].clone(),
+                reason: reason.clone(),
+            });
+        }
         if round.pairs.is_empty() {
             break;
         }
@@ -76,9 +104,24 @@ pub(crate) fn pairwise(
             job,
             topo,
             (leader, bufs.as_mut()),
+            tolerant,
         )?;
         if let Some(p) = planner.as_mut() {
-            let parsed: Vec<(f64, Vec<f64>)> = values.iter().map(|v| parse_pair(v)).collect();
+            let parsed: Vec<PairResult> = values
+                .iter()
+                .map(|v| match v {
+                    Some(v) => parse_pair(v),
+                    None => PairResult::Failed(format!(
+                        "the pair did not report within {} s",
+                        (timeout * 4).as_secs()
+                    )),
+                })
+                .collect();
+            let gone = absent(store, ri, &round, &parsed, timeout)?;
+            for (x, why) in gone {
+                lost.nodes.entry(x).or_insert(why);
+                p.lose(x);
+            }
             p.record(&round, parsed, began.elapsed().as_secs_f64());
         }
     }
@@ -92,7 +135,7 @@ pub(crate) fn pairwise(
             links: Vec::new(),
             budget: None,
         };
-        return Ok((m, Vec::new()));
+        return Ok((m, Vec::new(), Vec::new()));
     };
     Ok(p.finish(
         opts.budget
@@ -100,8 +143,47 @@ pub(crate) fn pairwise(
     ))
 }
 
+/// Rank 0, after a round with failed pairs: the nodes of those pairs that did not say they
+/// are still there within `timeout` (each leader of a failed pair does, at once), with why.
+fn absent(
+    store: &dyn busbw_launchers::Store,
+    ri: usize,
+    round: &Round,
+    results: &[PairResult],
+    timeout: Duration,
+) -> Result<Vec<(usize, String)>, Error> {
+    let mut why: BTreeMap<usize, String> = BTreeMap::new();
+    for (&(a, b), r) in round.pairs.iter().zip(results) {
+        if let PairResult::Failed(e) = r {
+            why.entry(a).or_insert_with(|| e.clone());
+            why.entry(b).or_insert_with(|| e.clone());
+        }
+    }
+    if why.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<(String, String)> = why
+        .keys()
+        .map(|x| (format!("tiers/alive/p{ri}/{x}"), String::new()))
+        .collect();
+    let answers = wait_some(store, &keys, &busbw_transports::Abort::new(), timeout)?;
+    Ok(why
+        .into_iter()
+        .zip(answers)
+        .filter(|(_, a)| a.is_none())
+        .map(|((x, e), _)| {
+            let reason = format!(
+                "did not answer within {} s (-T) after its pair failed in pairwise round {ri} ({e}): hung, killed, or cut off from the job's store",
+                timeout.as_secs()
+            );
+            (x, reason)
+        })
+        .collect())
+}
+
 /// One round as rank 0 publishes it: its pairs, message size and timed iterations; a probe
-/// round only measures what a round costs (`--budget`).
+/// round only measures what a round costs (`--budget`). `lost`: the nodes given up on so
+/// far (a rank that finds its own there stops).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Round {
     pairs: Vec<(usize, usize)>,
@@ -109,6 +191,15 @@ struct Round {
     iters: u32,
     #[serde(default)]
     probe: bool,
+    #[serde(default)]
+    lost: BTreeMap<usize, String>,
+}
+
+/// What one pair reported: its figure and each iteration's busbw, or why it failed.
+#[derive(Clone, Debug, PartialEq)]
+enum PairResult {
+    Measured(f64, Vec<f64>),
+    Failed(String),
 }
 
 /// Where the pairing stands.
@@ -145,6 +236,10 @@ struct Planner<'t> {
     rounds: Vec<Vec<(usize, usize)>>,
     /// Why pairing stopped early, when the budget stopped it.
     cut: Option<String>,
+    /// Nodes given up on: never in a round again.
+    lost: BTreeSet<usize>,
+    /// Pairs that failed between nodes that still answered, and why.
+    failures: BTreeMap<(usize, usize), String>,
 }
 
 impl<'t> Planner<'t> {
@@ -187,7 +282,28 @@ impl<'t> Planner<'t> {
             best: BTreeMap::new(),
             rounds: Vec::new(),
             cut: None,
+            lost: BTreeSet::new(),
+            failures: BTreeMap::new(),
         }
+    }
+
+    /// Gives up on node `x` (it stopped answering): it is in no round after this one, and
+    /// what was measured with it counts for nothing.
+    fn lose(&mut self, x: usize) {
+        self.lost.insert(x);
+        if let Some(p) = self.pairing.as_mut() {
+            p.lose(x);
+        }
+        self.best.retain(|&(a, b), _| a != x && b != x);
+        self.failures.retain(|&(a, b), _| a != x && b != x);
+    }
+
+    /// `pairs` without those of lost nodes.
+    fn live(&self, pairs: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+        pairs
+            .into_iter()
+            .filter(|(a, b)| !self.lost.contains(a) && !self.lost.contains(b))
+            .collect()
     }
 
     fn round(&self, pairs: Vec<(usize, usize)>) -> Round {
@@ -196,6 +312,7 @@ impl<'t> Planner<'t> {
             size: self.size,
             iters: self.iters,
             probe: false,
+            lost: BTreeMap::new(),
         }
     }
 
@@ -215,7 +332,7 @@ impl<'t> Planner<'t> {
             match self.phase {
                 Phase::Probe => {
                     self.phase = Phase::Main;
-                    let pairs = self.robin.first().cloned().unwrap_or_default();
+                    let pairs = self.live(self.robin.first().cloned().unwrap_or_default());
                     if pairs.is_empty() {
                         continue;
                     }
@@ -224,6 +341,7 @@ impl<'t> Planner<'t> {
                         size: budget::PROBE_SIZE.min(self.max_size),
                         iters: 1,
                         probe: true,
+                        lost: BTreeMap::new(),
                     });
                 }
                 Phase::Main => {
@@ -244,10 +362,17 @@ impl<'t> Planner<'t> {
                     }
                     let pairs = match self.pairing.as_mut() {
                         Some(p) => p.next_round(),
-                        None => {
+                        None => loop {
+                            // A round of only lost nodes' pairs is skipped, not the end.
                             self.robin_at += 1;
-                            self.robin.get(self.robin_at - 1).cloned()
-                        }
+                            match self.robin.get(self.robin_at - 1).cloned() {
+                                Some(r) => match self.live(r) {
+                                    r if r.is_empty() => continue,
+                                    r => break Some(r),
+                                },
+                                None => break None,
+                            }
+                        },
                     };
                     match pairs.filter(|p| !p.is_empty()) {
                         Some(p) => return Some(self.round(p)),
@@ -267,7 +392,10 @@ impl<'t> Planner<'t> {
                         continue;
                     }
                     let measured = |&(a, b): &(usize, usize)| {
-                        self.best.contains_key(&(a, b)) || self.best.contains_key(&(b, a))
+                        self.best.contains_key(&(a, b))
+                            || self.best.contains_key(&(b, a))
+                            || self.lost.contains(&a)
+                            || self.lost.contains(&b)
                     };
                     let next = self.robin[self.robin_at.min(self.robin.len())..]
                         .iter()
@@ -298,6 +426,7 @@ impl<'t> Planner<'t> {
                         &self.rounds,
                         self.slow_fraction,
                     );
+                    let pairs = self.live(pairs);
                     if pairs.is_empty() {
                         self.phase = Phase::Done;
                         continue;
@@ -309,30 +438,46 @@ impl<'t> Planner<'t> {
         }
     }
 
-    /// A round's results (each pair's figure and iterations) and its wall time.
-    fn record(&mut self, round: &Round, results: Vec<(f64, Vec<f64>)>, wall_s: f64) {
+    /// A round's results (each pair's figure and iterations, or its failure) and its wall
+    /// time. A failed pair between nodes still there counts as one that delivered nothing;
+    /// pairs of lost nodes count for nothing.
+    fn record(&mut self, round: &Round, results: Vec<PairResult>, wall_s: f64) {
+        let mut kept = Vec::new();
+        for (&(a, b), r) in round.pairs.iter().zip(results) {
+            if self.lost.contains(&a) || self.lost.contains(&b) {
+                continue;
+            }
+            kept.push(match r {
+                PairResult::Measured(bw, samples) => ((a, b), bw, samples),
+                PairResult::Failed(why) => {
+                    self.failures.entry((a, b)).or_insert(why);
+                    ((a, b), 0.0, Vec::new())
+                }
+            });
+        }
         if round.probe {
-            // The slowest pair decides how long a round lasts.
-            let slowest = results.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
-            let op_s = round.size as f64 / (slowest.max(1e-9) * 1e9);
-            let cost = budget::RoundCost::from_probe(wall_s, round.size, 2, op_s);
-            self.cost = Some(cost);
+            // The slowest pair decides how long a round lasts (a failed one says nothing
+            // about that; a probe with no pair measured leaves the size where it is).
+            let slowest = kept
+                .iter()
+                .map(|r| r.1)
+                .filter(|&b| b > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            if slowest.is_finite() {
+                let op_s = round.size as f64 / (slowest * 1e9);
+                let cost = budget::RoundCost::from_probe(wall_s, round.size, 2, op_s);
+                self.cost = Some(cost);
+            }
             return;
         }
-        let firsts: Vec<((usize, usize), f64, Vec<f64>)> = round
-            .pairs
-            .iter()
-            .zip(&results)
-            .map(|(&p, r)| (p, r.0, r.1.clone()))
-            .collect();
-        for (&pair, (bw, samples)) in round.pairs.iter().zip(results) {
-            let e = self.best.entry(pair).or_insert((bw, Vec::new()));
-            e.0 = e.0.max(bw);
-            e.1.extend(samples);
+        for (pair, bw, samples) in &kept {
+            let e = self.best.entry(*pair).or_insert((*bw, Vec::new()));
+            e.0 = e.0.max(*bw);
+            e.1.extend(samples.iter().copied());
         }
         if self.phase == Phase::Main {
             if let Some(p) = self.pairing.as_mut() {
-                p.record_iterations(&firsts);
+                p.record_iterations(&kept);
             }
         }
         self.rounds.push(round.pairs.clone());
@@ -348,10 +493,7 @@ impl<'t> Planner<'t> {
     }
 
     /// The matrix and the measured pairs; with a budget, what it bought.
-    fn finish(
-        self,
-        budget: Option<(std::time::Duration, std::time::Duration)>,
-    ) -> (LinkMatrix, Vec<Measured>) {
+    fn finish(self, budget: Option<(std::time::Duration, std::time::Duration)>) -> Links {
         let n = self.names.len();
         let mut m = LinkMatrix {
             size: self.size as u64,
@@ -387,7 +529,13 @@ impl<'t> Planner<'t> {
                     .unwrap_or_default()
             ));
         }
-        (m, measured)
+        // A failed pair measured fine later is no failure.
+        let failures = self
+            .failures
+            .into_iter()
+            .filter(|(p, _)| self.best.get(p).is_some_and(|b| b.0 <= 0.0))
+            .collect();
+        (m, measured, failures)
     }
 }
 
@@ -397,11 +545,15 @@ type TierOf<'a> = dyn Fn(usize, usize) -> String + 'a;
 /// Per pair: its best figure and every iteration's busbw.
 type Best = BTreeMap<(usize, usize), (f64, Vec<f64>)>;
 
-/// A pair's published value: its figure, then each iteration's busbw.
-fn parse_pair(v: &[u8]) -> (f64, Vec<f64>) {
+/// A pair's published value: its figure, then each iteration's busbw; or `failed ` and
+/// why.
+fn parse_pair(v: &[u8]) -> PairResult {
     let text = String::from_utf8_lossy(v);
+    if let Some(why) = text.strip_prefix("failed ") {
+        return PairResult::Failed(why.to_string());
+    }
     let mut f = text.split_whitespace().map(|x| x.parse().unwrap_or(0.0));
-    (f.next().unwrap_or(0.0), f.collect())
+    PairResult::Measured(f.next().unwrap_or(0.0), f.collect())
 }
 
 /// The measured pairs as the analysis takes them, each at its best measurement.
@@ -463,7 +615,10 @@ fn confirm_round(
 
 /// One round: the leaders of each pair run sendrecv on their own communicator, rank 0 of the
 /// pair publishes its busbw; every rank waits for every pair (the next round must not share
-/// the wire with this one) and gets the values in `round`'s order.
+/// the wire with this one) and gets the values in `round`'s order. With `tolerant` a leader
+/// whose pair fails publishes `failed` and why in its place, and says it is still there;
+/// a pair that never reports is `None`.
+#[allow(clippy::too_many_arguments)]
 fn measure_round(
     ri: usize,
     round: &Round,
@@ -472,12 +627,11 @@ fn measure_round(
     job: &Job,
     topo: &Topology,
     (leader, bufs): (bool, Option<&mut (HostBuffer, HostBuffer)>),
-) -> Result<Vec<Vec<u8>>, Error> {
+    tolerant: bool,
+) -> Result<Vec<Option<Vec<u8>>>, Error> {
     let nodes = &topo.nodes;
     let store = &*job.store;
     let timeout = comm.config().timeout;
-    let bytes = (round.size / 4) * 4;
-    let count = bytes / 4;
     let my_node = nodes.of_rank[comm.rank()];
     // Per round: a pair measured again must not be read from its first measurement.
     let key = |a: usize, b: usize| format!("tiers/pair/{ri}/{a}-{b}");
@@ -485,55 +639,16 @@ fn measure_round(
         .pairs
         .iter()
         .find(|(a, b)| *a == my_node || *b == my_node);
-    if let (true, Some(&(a, b)), Some(f), Some((send, recv))) = (leader, pair, factory, bufs) {
-        let ranks = [nodes.leaders[a], nodes.leaders[b]];
-        let mut c = f
-            // Named per round: a pair measured again (after the probe, to confirm) must not
-            // find the handles its earlier communicator published under the same name.
-            .build(&format!("pair/{ri}/{a}-{b}"), &ranks, &[a, b])
-            .map_err(|source| Error::Group {
-                what: format!("pairing {} with {}", nodes.names[a], nodes.names[b]),
-                source: Box::new(source),
-            })?;
-        let ctx = |source| Error::Pairwise {
-            what: format!(
-                "sendrecv between {} and {} (round {ri})",
-                nodes.names[a], nodes.names[b]
-            ),
-            source,
-        };
-        let op = |c: &mut Communicator, s: &HostBuffer, r: &mut HostBuffer| {
-            sendrecv(
-                c,
-                Data::out_of_place(&s.as_slice()[..bytes], &mut r.as_mut_slice()[..bytes]),
-                count,
-                DataType::Float32,
-            )
-        };
-        op(&mut c, send, recv).map_err(ctx)?;
-        barrier(&mut c).map_err(ctx)?;
-        // Each iteration lapped (a straggler shows in a few of them), then the whole loop.
-        let iters = round.iters.max(1) as usize;
-        let mut secs = vec![0.0f64; iters + 1];
-        let start = Instant::now();
-        let mut lap = start;
-        for t in secs.iter_mut().take(iters) {
-            op(&mut c, send, recv).map_err(ctx)?;
-            let now = Instant::now();
-            *t = (now - lap).as_secs_f64();
-            lap = now;
-        }
-        secs[iters] = start.elapsed().as_secs_f64() / iters as f64;
-        all_reduce_values(&mut c, &mut secs, ReduceOp::Max).map_err(ctx)?;
-        if c.rank() == 0 {
-            let gbs = |s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
-            // The pair's figure first, then each iteration's.
-            let mut v = gbs(secs[iters]).to_string();
-            for &t in &secs[..iters] {
-                v.push(' ');
-                v.push_str(&gbs(t).to_string());
+    if let (true, Some(&(a, b)), Some(f), Some(bufs)) = (leader, pair, factory, bufs) {
+        match measure_pair(ri, round, (a, b), f, topo, bufs) {
+            Ok(Some(v)) => store.set(&key(a, b), v.as_bytes())?,
+            Ok(None) => {}
+            Err(e) if tolerant => {
+                let why = busbw_measure::chain(&e);
+                store.set(&key(a, b), format!("failed {why}").as_bytes())?;
+                store.set(&format!("tiers/alive/p{ri}/{my_node}"), b"ok")?;
             }
-            store.set(&key(a, b), v.as_bytes())?;
+            Err(e) => return Err(e),
         }
     }
     let keys: Vec<(String, String)> = round
@@ -544,7 +659,79 @@ fn measure_round(
             (key(a, b), who)
         })
         .collect();
-    wait_all(store, &keys, &job.abort, timeout * 4)
+    if tolerant {
+        wait_some(store, &keys, &job.abort, timeout * 4)
+    } else {
+        Ok(wait_all(store, &keys, &job.abort, timeout * 4)?
+            .into_iter()
+            .map(Some)
+            .collect())
+    }
+}
+
+/// This leader's pair: sendrecv between the two leaders, each iteration lapped; on the
+/// pair's first rank, the value to publish (the figure, then each iteration's busbw).
+fn measure_pair(
+    ri: usize,
+    round: &Round,
+    (a, b): (usize, usize),
+    f: &Factory,
+    topo: &Topology,
+    (send, recv): &mut (HostBuffer, HostBuffer),
+) -> Result<Option<String>, Error> {
+    let nodes = &topo.nodes;
+    let bytes = (round.size / 4) * 4;
+    let count = bytes / 4;
+    let ranks = [nodes.leaders[a], nodes.leaders[b]];
+    let mut c = f
+        // Named per round: a pair measured again (after the probe, to confirm) must not
+        // find the handles its earlier communicator published under the same name.
+        .build(&format!("pair/{ri}/{a}-{b}"), &ranks, &[a, b])
+        .map_err(|source| Error::Group {
+            what: format!("pairing {} with {}", nodes.names[a], nodes.names[b]),
+            source: Box::new(source),
+        })?;
+    let ctx = |source| Error::Pairwise {
+        what: format!(
+            "sendrecv between {} and {} (round {ri})",
+            nodes.names[a], nodes.names[b]
+        ),
+        source,
+    };
+    let op = |c: &mut Communicator, s: &HostBuffer, r: &mut HostBuffer| {
+        sendrecv(
+            c,
+            Data::out_of_place(&s.as_slice()[..bytes], &mut r.as_mut_slice()[..bytes]),
+            count,
+            DataType::Float32,
+        )
+    };
+    op(&mut c, send, recv).map_err(ctx)?;
+    barrier(&mut c).map_err(ctx)?;
+    // Each iteration lapped (a straggler shows in a few of them), then the whole loop.
+    let iters = round.iters.max(1) as usize;
+    let mut secs = vec![0.0f64; iters + 1];
+    let start = Instant::now();
+    let mut lap = start;
+    for t in secs.iter_mut().take(iters) {
+        op(&mut c, send, recv).map_err(ctx)?;
+        let now = Instant::now();
+        *t = (now - lap).as_secs_f64();
+        lap = now;
+    }
+    secs[iters] = start.elapsed().as_secs_f64() / iters as f64;
+    all_reduce_values(&mut c, &mut secs, ReduceOp::Max).map_err(ctx)?;
+    if c.rank() != 0 {
+        return Ok(None);
+    }
+    let gbs = |s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
+    // The pair's figure first, then each iteration's.
+    let mut v = gbs(secs[iters]).to_string();
+    for &t in &secs[..iters] {
+        v.push(' ');
+        v.push_str(&gbs(t).to_string());
+    }
+    Ok(Some(v))
 }
 
 /// Each node's domain at every tier of the model, closest first, as the adaptive schedule
@@ -655,7 +842,7 @@ mod tests {
             let results = r
                 .pairs
                 .iter()
-                .map(|&(a, b)| (bw(a, b), vec![bw(a, b); r.iters as usize]))
+                .map(|&(a, b)| PairResult::Measured(bw(a, b), vec![bw(a, b); r.iters as usize]))
                 .collect();
             p.record(&r, results, wall);
             if let Some(l) = left.as_mut() {
@@ -708,7 +895,7 @@ mod tests {
             .filter(|&&(a, b)| (a.min(b), a.max(b)) == (2, 5))
             .count();
         assert_eq!(times, 2);
-        let (m, measured) = p.finish(Some((
+        let (m, measured, _) = p.finish(Some((
             std::time::Duration::from_secs(7),
             std::time::Duration::from_secs(8),
         )));
@@ -722,5 +909,53 @@ mod tests {
         let (rounds, p) = plan(true, None, |_, _| 1.0);
         assert_eq!(rounds.len(), 1);
         assert_eq!(p.best.len(), 4);
+    }
+
+    /// A node no partner can exchange data with (node 3: every pair with it fails, both
+    /// ends answering) is re-paired like a slow node and its pairs come back as failures;
+    /// a node given up on mid-pairing (node 5) is in no round after, and its pairs count
+    /// for nothing.
+    #[test]
+    fn failed_pairs_count_as_nothing_delivered_and_a_lost_node_is_never_paired_again() {
+        static TIER: fn(usize, usize) -> String = |_, _| "block".to_string();
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+        let pairing = Some(Pairing::new(vec![vec![0]; 8], Settings::default()));
+        let mut p = Planner::with(names.clone(), &TIER, pairing, false, (1 << 20, 3), 0.25);
+        let mut rounds = Vec::new();
+        while let Some(r) = p.next(None) {
+            let results = r
+                .pairs
+                .iter()
+                .map(|&(a, b)| {
+                    if a == 3 || b == 3 {
+                        PairResult::Failed(format!("no route to n3 from n{}", a + b - 3))
+                    } else {
+                        PairResult::Measured(1.0, vec![1.0; 3])
+                    }
+                })
+                .collect();
+            if rounds.is_empty() {
+                // Node 5 stops answering after the first round.
+                p.lose(5);
+            }
+            p.record(&r, results, 0.1);
+            rounds.push(r.pairs);
+            assert!(rounds.len() < 16, "the planner does not end");
+        }
+        assert!(
+            rounds[1..].iter().flatten().all(|&(a, b)| a != 5 && b != 5),
+            "{rounds:?}"
+        );
+        let (m, measured, failed) = p.finish(None);
+        assert!(measured.iter().all(|l| l.a != 5 && l.b != 5));
+        let with3: Vec<&((usize, usize), String)> = failed.iter().collect();
+        assert!(with3.len() >= 2, "{rounds:?}");
+        assert!(with3
+            .iter()
+            .all(|((a, b), why)| (*a == 3 || *b == 3) && why.starts_with("no route")));
+        let j = analysis::judge(&m.nodes, &measured, 0.25);
+        let suspects: Vec<&str> = j.suspects.iter().map(|s| s.node.as_str()).collect();
+        assert_eq!(suspects, ["n3"], "{rounds:?}");
+        assert!(j.unexplained.is_empty(), "{rounds:?}");
     }
 }

@@ -9,6 +9,7 @@
 
 use crate::analysis;
 use crate::conclude::{conclude, Conclusion};
+use crate::liveness::{roll_call, Lost};
 use crate::pairwise::pairwise;
 use crate::schedule::{self, Group};
 use crate::topology::Topology;
@@ -71,6 +72,10 @@ pub struct Sweep {
     pub sizes: Vec<u64>,
     pub busbw: Vec<f64>,
     pub wrong: u64,
+    /// The sweep stopped with this error (the rows before it are kept): the gate goes on
+    /// and its roll call finds out whom to give up on ([`crate::liveness`]).
+    #[serde(default)]
+    pub failed: Option<String>,
 }
 
 impl Sweep {
@@ -79,6 +84,7 @@ impl Sweep {
             sizes: rows.iter().map(|r| r.size).collect(),
             busbw: rows.iter().map(|r| r.out_of_place.busbw).collect(),
             wrong,
+            failed: None,
         }
     }
 }
@@ -110,27 +116,37 @@ impl Sink for Collect<'_> {
     }
 }
 
-/// The plan's sweep in one group, shown nowhere; `what` names the group for errors.
+/// The plan's sweep in one group, shown nowhere; `what` names the group for errors. With
+/// `tolerant` a failure comes back in the sweep (the rows before it kept) rather than as
+/// the error.
 fn group_sweep(
     comm: &mut Communicator,
     plan: &Plan,
     what: &str,
     dev: Option<&mut DeviceMem>,
+    tolerant: bool,
 ) -> Result<Sweep, Error> {
     let mut rows = Collect {
         inner: None,
         rows: Vec::new(),
     };
-    let summary = match (plan.spec.skip)(comm.size()) {
-        Some(_) => Summary::default(),
+    let ran = match (plan.spec.skip)(comm.size()) {
+        Some(_) => Ok(Summary::default()),
         None => busbw_measure::run_with(comm, plan, Some(&mut rows), dev).map_err(|source| {
             Error::Sweep {
                 what: what.to_string(),
                 source,
             }
-        })?,
+        }),
     };
-    Ok(Sweep::from_rows(&rows.rows, summary.out_of_bounds))
+    match ran {
+        Ok(summary) => Ok(Sweep::from_rows(&rows.rows, summary.out_of_bounds)),
+        Err(e) if tolerant => Ok(Sweep {
+            failed: Some(busbw_measure::chain(&e)),
+            ..Sweep::from_rows(&rows.rows, 0)
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// How long one group's sweep may take before the others give up on it: a group makes
@@ -140,8 +156,12 @@ fn group_budget(plan: &Plan) -> Duration {
 }
 
 /// Run the tiers on `comm`, the whole job's communicator, after the program swept the whole
-/// job with `plan` (`world`: what that measured; it is the main table, which the program
-/// shows). `factory` builds the groups' communicators (`None` for a one-rank job, which has
+/// job with `plan` (`world`: what that measured, or where it failed; it is the main table,
+/// which the program shows). Under busbw's own engine a failure in any phase is kept and
+/// the roll call after it ([`crate::liveness`]) gives up on the nodes that stopped
+/// answering; the phases after run without them, and a rank whose node was given up on
+/// gets [`Error::MarkedFailed`]. Under `--engine nccl` a failure ends the job, as NCCL's
+/// communicator does not survive one. `factory` builds the groups' communicators (`None` for a one-rank job, which has
 /// no groups to run). `dev`: the rank's device buffers under `-g` (the groups' sweeps run
 /// on them; under `--engine nccl` on NCCL's split of the job). The conclusion comes back on
 /// rank 0 only; the others get `None`.
@@ -163,6 +183,20 @@ pub fn run(
         ..plan.clone()
     };
     let plan = &group_plan;
+    let tolerant = plan.engine != Engine::Nccl;
+    let mut lost = Lost::default();
+    let names = &topo.nodes.names;
+    let of_rank = &topo.nodes.of_rank[..];
+    if tolerant && comm.size() > 1 {
+        roll_call(
+            job,
+            ("world", "the whole job's sweep"),
+            comm.rank(),
+            (of_rank, names),
+            world.failed.as_deref(),
+            &mut lost,
+        )?;
+    }
     let mut tiers: Vec<TierRow> = Vec::new();
     // The rank sets already measured, and the tier that measured them.
     let mut measured: Vec<(Vec<Vec<usize>>, usize)> = Vec::new();
@@ -170,7 +204,7 @@ pub fn run(
     let (rank, size) = (comm.rank(), comm.size());
     let nodes = &topo.nodes;
     for (ti, (tier, key)) in topo.tiers.iter().enumerate() {
-        let (groups, unknown) = if ti == 0 {
+        let (mut groups, unknown) = if ti == 0 {
             (
                 schedule::node_groups(&nodes.of_rank, &nodes.names),
                 Vec::new(),
@@ -178,6 +212,11 @@ pub fn run(
         } else {
             schedule::tier_groups(&topo.model, ti - 1, &nodes.labels, &nodes.leaders)
         };
+        // The nodes given up on are left out of every group.
+        for g in &mut groups {
+            g.ranks.retain(|&r| !lost.contains(of_rank[r]));
+            g.nodes.retain(|&n| !lost.contains(n));
+        }
         let runnable: Vec<usize> = (0..groups.len())
             .filter(|&g| groups[g].ranks.len() > 1)
             .collect();
@@ -211,7 +250,11 @@ pub fn run(
             row.sizes = tiers[*earlier].sizes.clone();
             row.group_results = tiers[*earlier].group_results.clone();
             Vec::new()
-        } else if sets.len() == 1 && sets[0].len() == size && !world.sizes.is_empty() {
+        } else if sets.len() == 1
+            && sets[0].len() == size
+            && !world.sizes.is_empty()
+            && world.failed.is_none()
+        {
             // The whole job: that is the main table, whose wrong cells the program counts.
             row.note = Some("the whole job: the main table".into());
             vec![Sweep {
@@ -220,7 +263,7 @@ pub fn run(
             }]
         } else {
             measured.push((sets.clone(), ti));
-            run_groups(
+            let (runs, mine) = run_groups(
                 plan,
                 rank,
                 factory,
@@ -228,7 +271,19 @@ pub fn run(
                 (ti, &groups, &runnable),
                 nodes,
                 dev.as_deref_mut(),
-            )?
+                tolerant,
+            )?;
+            if tolerant {
+                roll_call(
+                    job,
+                    (&format!("t{ti}"), &format!("tier {tier}'s groups")),
+                    rank,
+                    (of_rank, names),
+                    mine.as_deref(),
+                    &mut lost,
+                )?;
+            }
+            runs
         };
         if !runs.is_empty() && rank == 0 {
             wrong += summarize(&mut row, &groups, &runnable, &runs, &nodes.names);
@@ -239,11 +294,13 @@ pub fn run(
         tiers.push(row);
     }
     let links = if opts.pairwise && nodes.names.len() > 1 {
-        Some(pairwise(comm, factory, job, topo, opts)?)
+        Some(pairwise(
+            comm, factory, job, topo, opts, &mut lost, tolerant,
+        )?)
     } else {
         None
     };
-    Ok((rank == 0).then(|| conclude(job, topo, tiers, links, wrong, opts)))
+    Ok((rank == 0).then(|| conclude(job, topo, tiers, links, wrong, lost, opts)))
 }
 
 /// Rank 0: the groups' results into the tier's row (per size: min, median and max over the
@@ -258,6 +315,10 @@ fn summarize(
     let mut wrong = 0;
     for (&g, r) in runnable.iter().zip(runs) {
         wrong += r.wrong;
+        if r.failed.is_some() {
+            // The roll call names the failure; a part of a sweep is no figure for the tier.
+            continue;
+        }
         row.group_results.push(GroupResult {
             domain: groups[g].domain.clone(),
             nodes: groups[g].nodes.iter().map(|&n| names[n].clone()).collect(),
@@ -291,7 +352,9 @@ fn summarize(
 }
 
 /// Run the collective in every runnable group of tier `ti` at once; on rank 0, every
-/// group's result (in `runnable` order).
+/// group's result (in `runnable` order); on every rank, its own group's failure when
+/// `tolerant` kept it (a group that never reported counts as failed).
+#[allow(clippy::too_many_arguments)]
 fn run_groups(
     plan: &Plan,
     rank: usize,
@@ -300,7 +363,8 @@ fn run_groups(
     (ti, groups, runnable): (usize, &[Group], &[usize]),
     nodes: &crate::topology::Nodes,
     mut dev: Option<&mut DeviceMem>,
-) -> Result<Vec<Sweep>, Error> {
+    tolerant: bool,
+) -> Result<(Vec<Sweep>, Option<String>), Error> {
     let key = |g: usize| format!("tiers/t{ti}/g{g}");
     let mine = runnable.iter().find(|&&g| groups[g].ranks.contains(&rank));
     if plan.engine == Engine::Nccl {
@@ -322,18 +386,35 @@ fn run_groups(
                 })?;
         }
     }
+    let mut failed = None;
     if let (Some(f), Some(&g)) = (factory, mine) {
         let grp = &groups[g];
         let member_nodes: Vec<usize> = grp.ranks.iter().map(|&r| nodes.of_rank[r]).collect();
-        let mut comm = f
+        let built = f
             .build(&format!("t{ti}/g{g}"), &grp.ranks, &member_nodes)
             .map_err(|source| Error::Group {
                 what: format!("building the communicator of tier {ti} group {g}"),
                 source: Box::new(source),
-            })?;
-        let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
-        let run = group_sweep(&mut comm, plan, &what, dev)?;
-        if comm.rank() == 0 {
+            });
+        let (run, first) = match built {
+            Ok(mut comm) => {
+                let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
+                let run = group_sweep(&mut comm, plan, &what, dev, tolerant)?;
+                (run, comm.rank() == 0)
+            }
+            Err(e) if tolerant => {
+                let run = Sweep {
+                    failed: Some(busbw_measure::chain(&e)),
+                    ..Sweep::default()
+                };
+                (run, false)
+            }
+            Err(e) => return Err(e),
+        };
+        // A failure is published by whoever met it (the group's first rank may be the one
+        // that hung); a result by the group's first rank.
+        failed = run.failed.clone();
+        if first || failed.is_some() {
             job.store
                 .set(&key(g), &serde_json::to_vec(&run).map_err(Error::from)?)
                 .map_err(Error::from)?;
@@ -351,14 +432,50 @@ fn run_groups(
             (key(g), who)
         })
         .collect();
-    let values = wait_all(&*job.store, &keys, &job.abort, group_budget(plan))?;
+    let budget = group_budget(plan);
+    let values = if tolerant {
+        wait_some(&*job.store, &keys, &job.abort, budget)?
+    } else {
+        wait_all(&*job.store, &keys, &job.abort, budget)?
+            .into_iter()
+            .map(Some)
+            .collect()
+    };
     if rank != 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), failed));
     }
-    values
+    let runs = values
         .iter()
-        .map(|v| serde_json::from_slice(v).map_err(Error::from))
-        .collect()
+        .zip(&keys)
+        .map(|(v, (_, who))| match v {
+            Some(v) => serde_json::from_slice(v).map_err(Error::from),
+            None => Ok(Sweep {
+                failed: Some(format!(
+                    "{who} did not finish within {} s",
+                    budget.as_secs()
+                )),
+                ..Sweep::default()
+            }),
+        })
+        .collect::<Result<Vec<Sweep>, Error>>()?;
+    Ok((runs, failed))
+}
+
+/// [`wait_all`] that keeps going past `budget`: what never came is `None`.
+pub(crate) fn wait_some(
+    store: &dyn Store,
+    keys: &[(String, String)],
+    abort: &Abort,
+    budget: Duration,
+) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    match wait_all(store, keys, abort, budget) {
+        Ok(v) => Ok(v.into_iter().map(Some).collect()),
+        Err(Error::Unfinished { .. }) => keys
+            .iter()
+            .map(|(k, _)| store.get(k).map_err(Error::from))
+            .collect(),
+        Err(e) => Err(e),
+    }
 }
 
 /// Wait for `keys` (key, what it stands for) to appear, polling so that an abort posted by a
@@ -441,11 +558,13 @@ mod tests {
                 sizes: vec![8, 16],
                 busbw: vec![1.0, 4.0],
                 wrong: 1,
+                failed: None,
             },
             Sweep {
                 sizes: vec![8, 16],
                 busbw: vec![3.0, 2.0],
                 wrong: 2,
+                failed: None,
             },
         ];
         let names: Vec<String> = (0..5).map(|i| format!("n{i}")).collect();
