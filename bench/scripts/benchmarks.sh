@@ -115,7 +115,7 @@ PEER[cluster-iperf3]="iperf3, one TCP stream, same run"
 GOAL[cluster-openmpi]="8 B faster than OpenMPI; 32 MiB >= 0.98 of iperf3"
 PEER[cluster-openmpi]="OpenMPI \`MPI_Allreduce\` across the namespaces, alternating; iperf3"
 GOAL[gate]="the gate on 8 simulated nodes names exactly the fault in >= 9 of 10 trials per fault case, passes 10 of 10 healthy runs, median time to the verdict <= 30 s (issue 39)"
-PEER[gate]="the injected fault (throttled node, link, flapping node) and the healthy cluster, same run"
+PEER[gate]="the injected fault (throttled node, link, flapping node; a hung node at -T 10, its own case) and the healthy cluster, same run"
 GOAL[peak-rss]="peak RSS per rank <= 3 x largest buffer + 64 MiB"
 PEER[peak-rss]="the bound itself"
 GOAL[kernels]="bfloat16 and half sum >= 0.7 of memcpy at the best tier, 64 MiB and 256 KiB (issue 20, point 4)"
@@ -435,7 +435,7 @@ t_gate() {
     FIG[$t]=$(awk '/^# [a-z]+ +exact +[0-9]+ of +[0-9]+ +median/ {
             c = $2; e = $4; n = $6; m = $8
             ok = (c == "healthy") ? (e == n) : (e >= 0.9 * n)
-            # The 30 s target is the fault cases'; a hung node costs a few -T more.
+            # The 30 s target is for the fault cases; a hung node costs a few -T more.
             ok = ok && (c == "hung" || m <= 30)
             if (!ok) bad = 1
             out = out (out ? "; " : "") sprintf("%s %d/%d exact, median %.1f s", c, e, n, m)

@@ -11,6 +11,8 @@
 #       --smp N          vCPUs per guest (default 1)
 #       --rate RATE      tbf on every guest's eth0 (tc syntax, e.g. 200mbit)
 #       --throttle I,..  halve the rate of these guests (a bad NIC or cable)
+#       --throttle-link I,J  halve the rate between guests I and J, both ways (a bad cable
+#                        or switch port on that path; needs --rate)
 #       --labels         write OCI rdma.* node labels of a topology to DIR/labels.json
 #       --blocks L,N     local blocks of L guests, network blocks of N guests (for --labels)
 #       --timeout SECS   the whole run (default 600); guests still up then are killed
@@ -189,7 +191,19 @@ if [[ -n $RATE ]]; then
     # a QP in flight), so the shaping paces RDMA traffic instead of tail-dropping bursts. A
     # 50 ms queue dropped them, and a dropped last packet costs the requester its whole ack
     # timeout (4.3 s at NCCL_IB_TIMEOUT=20) inside a measurement.
-    tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$BURST" latency 1s
+    if [[ -n $THROTTLE_LINK && ,$THROTTLE_LINK, == *,$i,* ]]; then
+        # One end of the throttled link: traffic to the other end through its own tbf at half
+        # the rate, the rest through the guest's (a prio qdisc sorts them; htb instead
+        # delivered about 0.7 of its rate in these guests, where tbf keeps to it).
+        IFS=, read -r la lb <<<"$THROTTLE_LINK"
+        peer=$((la == i ? lb : la))
+        tc qdisc replace dev eth0 root handle 1: prio bands 2 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+        tc qdisc add dev eth0 parent 1:1 tbf rate "${kbit}kbit" burst "$BURST" latency 1s
+        tc qdisc add dev eth0 parent 1:2 tbf rate "$((kbit / 2))kbit" burst "$BURST" latency 1s
+        tc filter add dev eth0 parent 1: protocol ip u32 match ip dst "$NET.$((peer + 1))/32" flowid 1:2
+    else
+        tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$BURST" latency 1s
+    fi
 fi
 rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; echo bed >"$out/rc"; finish; }
 n=0
@@ -258,7 +272,7 @@ labels_json() {
 }
 
 cmd_run() {
-    local k=1 out="" mem=1024 smp=1 rate="" throttle="" labels=0 blocks="1,1" timeout=600
+    local k=1 out="" mem=1024 smp=1 rate="" throttle="" throttle_link="" labels=0 blocks="1,1" timeout=600
     local accel=${BUSBW_VM_ACCEL:-tcg}
     while (($#)); do
         case $1 in
@@ -268,6 +282,7 @@ cmd_run() {
         --smp) smp=${2:?}; shift 2 ;;
         --rate) rate=${2:?}; shift 2 ;;
         --throttle) throttle=${2:?}; shift 2 ;;
+        --throttle-link) throttle_link=${2:?}; shift 2 ;;
         --labels) labels=1; shift ;;
         --blocks) blocks=${2:?}; shift 2 ;;
         --timeout) timeout=${2:?}; shift 2 ;;
@@ -282,6 +297,12 @@ cmd_run() {
     [[ $accel == tcg || $accel == kvm ]] || die "--accel must be tcg or kvm"
     [[ $blocks =~ ^([0-9]+),([0-9]+)$ ]] || die "--blocks must be L,N"
     local lb=${BASH_REMATCH[1]} nb=${BASH_REMATCH[2]}
+    if [[ -n $throttle_link ]]; then
+        [[ $throttle_link =~ ^([0-9]+),([0-9]+)$ ]] && ((BASH_REMATCH[1] != BASH_REMATCH[2])) &&
+            ((BASH_REMATCH[1] < k && BASH_REMATCH[2] < k)) ||
+            die "--throttle-link must be I,J: two different guests below --guests"
+        [[ -n $rate ]] || die "--throttle-link needs --rate (it halves that rate)"
+    fi
     local m
     m=$(missing)
     [[ -z $m ]] || { cmd_check || true; exit 3; }
@@ -313,6 +334,7 @@ RATE=$rate
 RATE_KBIT=$kbit
 BURST=$burst
 THROTTLE=$throttle
+THROTTLE_LINK=$throttle_link
 EOF
     {
         echo "127.0.0.1 localhost"

@@ -1004,11 +1004,12 @@ fn roce_goodput(mbit: f64) -> f64 {
 }
 
 /// Point 4: `busbw tiers` over verbs. Six guests, one rank each, in three local blocks of one
-/// network block (OCI's rdma.* labels), every link shaped by tbf inside its guest and vm5's
-/// at half rate: the groups' sub-communicators run on verbs, the groups that do not hold vm5
-/// measure the shaping, and the verdict names vm5 and nobody else. (Six, not four: with four
-/// nodes the throttled one holds half the links, and no median-based verdict can tell which
-/// half is slow.)
+/// network block (OCI's rdma.* labels), every link shaped by tbf inside its guest, vm5's at
+/// half rate, and the link between vm1 and vm3 at half rate both ways (issue 39): the
+/// groups' sub-communicators run on verbs, the groups that do not hold vm5 measure the
+/// shaping, and the verdict names vm5 as a slow node and vm1 - vm3 as a slow link, nobody
+/// else. (Six, not four: with four nodes the throttled one holds half the links, and no
+/// median-based verdict can tell which half is slow.)
 #[test]
 fn tiers_over_verbs_name_the_throttled_guest() {
     if !can_run("tiers_over_verbs_name_the_throttled_guest") {
@@ -1033,6 +1034,8 @@ fn tiers_over_verbs_name_the_throttled_guest() {
             &rate,
             "--throttle",
             "5",
+            "--throttle-link",
+            "1,3",
             "--labels",
             "--blocks",
             "2,6",
@@ -1075,6 +1078,22 @@ fn tiers_over_verbs_name_the_throttled_guest() {
         .map(|s| s["node"].as_str().unwrap())
         .collect();
     assert_eq!(suspects, ["vm5"], "{stdout}");
+    let links: Vec<String> = v["slow_links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            format!(
+                "{} - {}",
+                l["a"].as_str().unwrap(),
+                l["b"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        links == ["vm1 - vm3"] || links == ["vm3 - vm1"],
+        "{links:?}\n{stdout}"
+    );
     assert!(stdout.contains("# Verdict: FAIL"), "{stdout}");
     // Links: the median of the healthy pairs at the shaping, of vm5's at half of theirs.
     // (Medians, not every link: one pairwise round is three iterations, and a loaded host can
@@ -1088,7 +1107,10 @@ fn tiers_over_verbs_name_the_throttled_guest() {
         .as_array()
         .unwrap()
         .iter()
-        .partition(|l| l["a"] == "vm5" || l["b"] == "vm5");
+        .partition(|l| {
+            let (a, b) = (&l["a"], &l["b"]);
+            a == "vm5" || b == "vm5" || (a == "vm1" && b == "vm3") || (a == "vm3" && b == "vm1")
+        });
     let bw = |v: Vec<&serde_json::Value>| v.iter().map(|l| l["busbw"].as_f64().unwrap()).collect();
     let (h, s) = (median(bw(healthy)), median(bw(slow)));
     // Never above the shaping; below it only as far as a loaded host slows the whole run

@@ -105,7 +105,7 @@ pub(crate) fn conclude(
     let matrix = links.map(|(mut m, measured, failed)| {
         let mut j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
         let (stragglers, note) =
-            analysis::stragglers(&nodes.names, &measured, &j.links, opts.slow_fraction);
+            analysis::stragglers(&nodes.names, &measured, &j, opts.slow_fraction);
         analysis::without_stragglers(&mut j, &stragglers);
         verdict.stragglers = stragglers;
         verdict.notes.extend(note);

@@ -198,7 +198,7 @@ impl Fabric {
             })
             .collect();
         let mut j = judge(&names, &measured, GATE_SLOW_FRACTION);
-        let (strag, _) = stragglers(&names, &measured, &j.links, GATE_SLOW_FRACTION);
+        let (strag, _) = stragglers(&names, &measured, &j, GATE_SLOW_FRACTION);
         without_stragglers(&mut j, &strag);
         let node = |s: &str| s.parse::<usize>().unwrap_or(usize::MAX);
         let ratio = |m: f64, e: f64| m / e.max(f64::MIN_POSITIVE);
