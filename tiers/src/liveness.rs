@@ -8,10 +8,10 @@
 //! Rank 0 serves the job's store: if it is the one that hangs, the others lose the store and
 //! end with that error; nothing here can help then.
 
+use crate::run::wait_some;
 use crate::{Error, Job};
-use busbw_launchers::Store;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The nodes given up on, each with why, and the phases that failed (in words): the same on
 /// every rank after each roll call.
@@ -54,7 +54,11 @@ pub(crate) fn roll_call(
         let expected: Vec<usize> = (0..of_rank.len())
             .filter(|&r| !lost.contains(of_rank[r]))
             .collect();
-        let answers = collect(store, phase, &expected, job.timeout)?;
+        let keys: Vec<(String, String)> = expected
+            .iter()
+            .map(|r| (format!("tiers/alive/{phase}/{r}"), String::new()))
+            .collect();
+        let answers = wait_some(store, &keys, &job.abort, job.timeout)?;
         judge(
             lost,
             what,
@@ -77,28 +81,6 @@ pub(crate) fn roll_call(
             reason: reason.clone(),
         }),
         None => Ok(()),
-    }
-}
-
-/// Rank 0: each expected rank's answer, `None` for those that gave none within `timeout`.
-fn collect(
-    store: &dyn Store,
-    phase: &str,
-    expected: &[usize],
-    timeout: Duration,
-) -> Result<Vec<Option<Vec<u8>>>, Error> {
-    let deadline = Instant::now() + timeout;
-    let mut answers: Vec<Option<Vec<u8>>> = vec![None; expected.len()];
-    loop {
-        for (i, &r) in expected.iter().enumerate() {
-            if answers[i].is_none() {
-                answers[i] = store.get(&format!("tiers/alive/{phase}/{r}"))?;
-            }
-        }
-        if answers.iter().all(Option::is_some) || Instant::now() > deadline {
-            return Ok(answers);
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -140,9 +122,10 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use busbw_launchers::MemoryStore;
+    use busbw_launchers::{MemoryStore, Store};
     use busbw_transports::Abort;
     use std::sync::Arc;
+    use std::time::Instant;
 
     fn job(store: Arc<MemoryStore>) -> Job {
         Job {

@@ -117,7 +117,7 @@ pub(crate) fn pairwise(
                     )),
                 })
                 .collect();
-            let gone = absent(store, ri, &round, &parsed, timeout)?;
+            let gone = absent(store, &job.abort, ri, &round, &parsed, timeout)?;
             for (x, why) in gone {
                 lost.nodes.entry(x).or_insert(why);
                 p.lose(x);
@@ -147,6 +147,7 @@ pub(crate) fn pairwise(
 /// are still there within `timeout` (each leader of a failed pair does, at once), with why.
 fn absent(
     store: &dyn busbw_launchers::Store,
+    abort: &busbw_transports::Abort,
     ri: usize,
     round: &Round,
     results: &[PairResult],
@@ -166,7 +167,7 @@ fn absent(
         .keys()
         .map(|x| (format!("tiers/alive/p{ri}/{x}"), String::new()))
         .collect();
-    let answers = wait_some(store, &keys, &busbw_transports::Abort::new(), timeout)?;
+    let answers = wait_some(store, &keys, abort, timeout)?;
     Ok(why
         .into_iter()
         .zip(answers)
