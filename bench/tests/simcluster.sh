@@ -15,6 +15,10 @@
 #   simcluster.sh throttle-link <name> <i> <j> <RATE|off>   the link between nodes i and j at
 #                                             RATE both ways (a bad cable or switch port on
 #                                             that path), or back (--tier-rates)
+#   simcluster.sh throttle-uplink <name> <i> <RATE|off>   the uplink of node i's local block
+#                                             at RATE: every node of the block to nodes
+#                                             outside it and back, each way per node (a bad
+#                                             switch uplink; --tier-rates)
 #   simcluster.sh flap <name> <i> <RATE> <ON> <OFF>   node i throttled to RATE for ON seconds,
 #                                             then OFF seconds free, again and again until
 #                                             killed (a straggler; --tier-rates)
@@ -43,7 +47,7 @@ set -euo pipefail
 
 PROG=${0##*/}
 die() { echo "$PROG: $*" >&2; exit 1; }
-usage() { sed -n '2,25s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 check_name() {
     [[ $1 =~ ^[a-z0-9][a-z0-9-]{0,39}$ ]] ||
@@ -343,6 +347,48 @@ cmd_throttle_link() {
     link_side "$name" "$j" "$i" "$rate"
 }
 
+# The uplink of node $2's local block at rate $3, or back ("off"): each member's egress to
+# the rest of its network block and beyond (its tier classes 2 and 3), and the switch's
+# egress towards each member from nodes outside the block (an htb on its port p<x>, pure
+# ACKs first as on the nodes).
+cmd_throttle_uplink() {
+    local name=$1 i=$2 rate=$3 x j c r ns sw
+    check_name "$name"
+    check_index "$i"
+    node_exists "$name" "$i"
+    load_env "$name"
+    [[ $rate == off ]] || rate_bits "$rate" >/dev/null
+    [[ -z ${RATE:-} ]] || die "throttle-uplink: cluster '$name' shapes its switch ports (--rate)"
+    local LB=${BLOCKS%%,*}
+    local -a rates
+    IFS=, read -r -a rates <<<"$TIER_RATES"
+    sw=$(sw_ns "$name")
+    for ((x = i / LB * LB; x < (i / LB + 1) * LB && x < K; x++)); do
+        ns=$(node_ns "$name" "$x")
+        for c in 1 2; do
+            r=$rate
+            [[ $r != off ]] || r=${rates[$c]}
+            tc -n "$ns" class change dev eth0 parent 1:1 classid "1:$((c + 1))0" htb rate "$r" \
+                ceil "$r" burst "$(htb_burst "$r")" cburst "$(htb_burst "$r")" prio 1 quantum 65536
+        done
+        tc -n "$sw" qdisc del dev "p$x" root 2>/dev/null || true
+        [[ $rate != off ]] || continue
+        tc -n "$sw" qdisc add dev "p$x" root handle 1: htb default 10
+        tc -n "$sw" class add dev "p$x" parent 1: classid 1:1 htb rate 100gbit quantum 65536
+        tc -n "$sw" class add dev "p$x" parent 1:1 classid 1:10 htb rate 100gbit prio 1 quantum 65536
+        tc -n "$sw" class add dev "p$x" parent 1:1 classid 1:5 htb rate 10mbit ceil 1gbit prio 0 quantum 65536
+        tc -n "$sw" class add dev "p$x" parent 1:1 classid 1:20 htb rate "$rate" \
+            ceil "$rate" burst "$(htb_burst "$rate")" cburst "$(htb_burst "$rate")" prio 1 quantum 65536
+        tc -n "$sw" filter add dev "p$x" parent 1: protocol ip prio 1 u32 \
+            match ip protocol 6 0xff match u16 0x0000 0xff80 at 2 flowid 1:5
+        for ((j = 0; j < K; j++)); do
+            ((j / LB != i / LB)) || continue
+            tc -n "$sw" filter add dev "p$x" parent 1: protocol ip prio 3 u32 \
+                match ip src "$NET.$((j + 1))/32" flowid 1:20
+        done
+    done
+}
+
 cmd_flap() {
     local name=$1 i=$2 rate=$3 on=$4 off=$5
     check_name "$name"
@@ -442,6 +488,7 @@ link-up) (($# == 2)) || usage; cmd_link "$1" "$2" up ;;
 partition) (($# == 3)) || usage; cmd_partition "$1" "$2" "$3" ;;
 throttle) (($# == 3)) || usage; cmd_throttle "$@" ;;
 throttle-link) (($# == 4)) || usage; cmd_throttle_link "$@" ;;
+throttle-uplink) (($# == 3)) || usage; cmd_throttle_uplink "$@" ;;
 flap) (($# == 5)) || usage; cmd_flap "$@" ;;
 addr) (($# == 2)) || usage; cmd_addr "$1" "$2" ;;
 list) cmd_list ;;

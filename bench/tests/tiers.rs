@@ -725,6 +725,52 @@ fn a_budget_buys_the_whole_matrix_and_a_throttled_link_is_named() {
     drop(cluster);
 }
 
+/// A slow uplink (issue 39's faults of the tier tree): node6 and node7's local block reaches
+/// the rest of the fabric at 15 Mbit/s both ways, and itself at full rate. Pair by pair both
+/// nodes look slow; the verdict names the block's uplink instead, and no node or link.
+#[test]
+fn a_block_with_a_slow_uplink_is_named_and_not_its_nodes() {
+    if !can_run_netns("a_block_with_a_slow_uplink_is_named_and_not_its_nodes") {
+        return;
+    }
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up("upl", None);
+    let out = Command::new("bash")
+        .args([
+            &simcluster(),
+            "throttle-uplink",
+            &cluster.name,
+            "6",
+            "15mbit",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (stdout, report) = failing_gate(&cluster, "upl", port(6), &[]);
+    let v = &report["tier_report"]["verdict"];
+    let up = v["slow_uplinks"].as_array().unwrap();
+    assert_eq!(up.len(), 1, "{stdout}");
+    assert_eq!(up[0]["tier"], "local_block", "{stdout}");
+    assert_eq!(
+        up[0]["nodes"],
+        serde_json::json!(["node6", "node7"]),
+        "{stdout}"
+    );
+    assert!(
+        v["suspect_nodes"].as_array().unwrap().is_empty(),
+        "{stdout}"
+    );
+    assert!(v["slow_links"].as_array().unwrap().is_empty(), "{stdout}");
+    assert!(v["stragglers"].as_array().unwrap().is_empty(), "{stdout}");
+    assert!(
+        stdout.contains("#   slow uplink of local_block"),
+        "{stdout}"
+    );
+    let findings = &report["verdict"]["findings"];
+    assert_eq!(findings[0]["kind"], "slow_uplink", "{findings}");
+    drop(cluster);
+}
+
 /// A node that hangs mid-run (issue 39): its process stopped once the job is up. The gate
 /// does not end with the timeout's error: rank 0 gives up on the node within a few `-T`,
 /// the rest of the gate runs without it, and the verdict names it unreachable and nothing

@@ -172,6 +172,24 @@ pub struct Verdict {
     /// verdict was reached without them.
     #[serde(default)]
     pub unreachable_nodes: Vec<UnreachableNode>,
+    /// Domains of the tree (a block, a network block) every link leaving which is slow and
+    /// every link inside good: their uplink, not their nodes.
+    #[serde(default)]
+    pub slow_uplinks: Vec<SlowUplink>,
+}
+
+/// A domain whose uplink is slow: its tier, its label value, its nodes, and the links that
+/// left it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlowUplink {
+    pub tier: String,
+    pub domain: String,
+    pub nodes: Vec<String>,
+    /// Links measured leaving it (every one slow).
+    pub links: usize,
+    /// Their median busbw and the median of what their tiers deliver, GB/s.
+    pub measured: f64,
+    pub expected: f64,
 }
 
 /// A node marked failed, and why: what it did not answer, and when.
@@ -191,6 +209,14 @@ impl Verdict {
             out.push(Finding::new(
                 FindingKind::UnreachableNode,
                 &u.node,
+                lines.next(),
+            ));
+        }
+        for u in &self.slow_uplinks {
+            let subject = format!("{} {}", u.tier, u.domain);
+            out.push(Finding::new(
+                FindingKind::SlowUplink,
+                &subject,
                 lines.next(),
             ));
         }
@@ -230,6 +256,8 @@ impl Verdict {
 pub enum FindingKind {
     SlowNode,
     SlowLink,
+    /// A domain of the tree whose links out are slow: its uplink.
+    SlowUplink,
     Straggler,
     /// Hung, gone, or cut off: marked failed within `-T`.
     UnreachableNode,
@@ -242,6 +270,7 @@ impl FindingKind {
         match self {
             FindingKind::SlowNode => "slow_node",
             FindingKind::SlowLink => "slow_link",
+            FindingKind::SlowUplink => "slow_uplink",
             FindingKind::Straggler => "straggler",
             FindingKind::UnreachableNode => "unreachable_node",
             FindingKind::WrongData => "wrong_data",
@@ -380,6 +409,19 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
     for u in &v.unreachable_nodes {
         out.push(format!("unreachable node {}: {}", u.node, u.reason));
     }
+    for u in &v.slow_uplinks {
+        out.push(format!(
+            "slow uplink of {} {} ({} nodes: {}): {} of {} links leaving it slow, median {} GB/s, expected {} GB/s; links inside it are not",
+            u.tier,
+            u.domain,
+            u.nodes.len(),
+            u.nodes.join(", "),
+            u.links,
+            u.links,
+            gbs(u.measured),
+            gbs(u.expected)
+        ));
+    }
     for s in &v.suspect_nodes {
         out.push(format!(
             "suspect node {}: {} of {} links slow, median {} GB/s, expected {} GB/s",
@@ -448,6 +490,7 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
         && v.suspect_nodes.is_empty()
         && v.slow_links.is_empty()
         && v.unreachable_nodes.is_empty()
+        && v.slow_uplinks.is_empty()
     {
         out.push(if v.stragglers.is_empty() {
             "no suspect node, no slow link, no straggler".into()
@@ -712,6 +755,7 @@ mod tests {
                 stragglers: vec![],
                 stragglers_allowed: false,
                 unreachable_nodes: vec![],
+                slow_uplinks: vec![],
             },
         }
     }
@@ -801,6 +845,33 @@ mod tests {
             .remove("unreachable_nodes");
         let back: TierReport = serde_json::from_value(v).unwrap();
         assert!(back.verdict.unreachable_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_slow_uplink_is_a_finding_of_its_own_before_the_nodes() {
+        let mut r = sample();
+        r.verdict.slow_uplinks.push(SlowUplink {
+            tier: "local_block".into(),
+            domain: "lb-3".into(),
+            nodes: vec!["node6".into(), "node7".into()],
+            links: 12,
+            measured: 0.0375,
+            expected: 0.125,
+        });
+        let f = r.verdict.findings();
+        assert_eq!(
+            (f[0].kind.name(), f[0].subject.as_str()),
+            ("slow_uplink", "local_block lb-3")
+        );
+        assert_eq!(
+            f[0].detail,
+            "slow uplink of local_block lb-3 (2 nodes: node6, node7): 12 of 12 links leaving it slow, median 0.03750 GB/s, expected 0.1250 GB/s; links inside it are not"
+        );
+        assert_eq!(f[1].kind, FindingKind::SlowNode);
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["verdict"].as_object_mut().unwrap().remove("slow_uplinks");
+        let back: TierReport = serde_json::from_value(v).unwrap();
+        assert!(back.verdict.slow_uplinks.is_empty());
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! round re-pairs every node of a pair that was slow, and not yet explained, with a node
 //! already measured good, all at once. A node slow with two good partners is a slow
 //! **node**; a pair slow together whose nodes are each good with a good partner is a slow
-//! **link**; what the round limit leaves unexplained is said to be **undecided**.
+//! **link**; a domain of the tree every pair leaving which is slow, and every pair inside
+//! good, has a slow **uplink** ([`crate::uplink`]: until a pair inside it is measured, its
+//! nodes are tested in one round, some paired inside it and the rest with good nodes
+//! outside); what the round limit leaves unexplained is said to be **undecided**.
 //!
 //! A pair is slow when it measures under `slow_below` × what its tier delivers, the median
 //! of that tier's pairs so far (faults are few, so the median is a healthy pair's); a tier
@@ -19,6 +22,7 @@
 //! Everything here is a pure function of the measurements it is given, so the same code
 //! runs the gate and the simulations at 16,384 nodes (`fabric`).
 
+use crate::uplink::{self, Domain, Obs, Uplinks};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Tunables of the schedule.
@@ -49,6 +53,9 @@ pub struct Attribution {
     pub slow_nodes: Vec<(usize, f64)>,
     /// Slow links (a < b), ascending, each with its ratio to the expectation.
     pub slow_links: Vec<((usize, usize), f64)>,
+    /// Domains (level, id) with a slow uplink, each with the median ratio of the pairs
+    /// that left it.
+    pub slow_uplinks: Vec<(Domain, f64)>,
     /// Stragglers, ascending, each with its slowest iteration's ratio to the expectation:
     /// nodes whose pairs spiked with two good partners without all being slow.
     pub stragglers: Vec<(usize, f64)>,
@@ -94,6 +101,9 @@ pub struct Pairing {
     slow_nodes: BTreeMap<usize, f64>,
     stragglers: BTreeMap<usize, f64>,
     slow_links: BTreeMap<(usize, usize), f64>,
+    slow_uplinks: BTreeMap<Domain, f64>,
+    /// The tree's verdict on the pairs so far: named uplinks and candidates to test.
+    tree: Uplinks,
     /// Every pair measured, so a node is never paired twice with the same partner.
     met: BTreeSet<(usize, usize)>,
     /// Per tier level: pairs measured and their median (refreshed by each round).
@@ -138,6 +148,8 @@ impl Pairing {
             slow_nodes: BTreeMap::new(),
             stragglers: BTreeMap::new(),
             slow_links: BTreeMap::new(),
+            slow_uplinks: BTreeMap::new(),
+            tree: Uplinks::default(),
             met: BTreeSet::new(),
             tier_median: Vec::new(),
             lent: BTreeMap::new(),
@@ -163,6 +175,7 @@ impl Pairing {
         self.slow_nodes.remove(&x);
         self.stragglers.remove(&x);
         self.slow_links.retain(|&(a, b), _| !with_x(a, b));
+        self.slow_uplinks.clear();
         self.refresh_medians();
         self.decide();
     }
@@ -264,10 +277,12 @@ impl Pairing {
             let spiked_only = !steady;
             for x in [a, b] {
                 let decided = self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
+                let other = if x == a { b } else { a };
                 let cleared = if spiked_only {
                     self.clean_pairs(x) >= 2
                 } else {
-                    self.good.contains(&x)
+                    // Good inside a candidate domain says nothing of its uplink.
+                    self.good.contains(&x) && self.pending(x, other).is_none()
                 };
                 if !decided && !cleared && !self.lost.contains(&x) {
                     s.insert(x);
@@ -287,13 +302,53 @@ impl Pairing {
     /// one never in a slow pair, then the least lent, then a partner across the widest tier (where the expectation is best
     /// known).
     fn repair(&mut self) -> Vec<(usize, usize)> {
-        let mut free: Vec<usize> = self.good.iter().copied().collect();
         let mut pairs = Vec::new();
-        for x in self.suspects() {
+        let mut suspects = self.suspects();
+        // Candidate domains not yet measured inside: some of their suspects paired inside,
+        // across the domain's widest tier; the rest go out with good partners below.
+        let mut busy: BTreeSet<usize> = BTreeSet::new();
+        for d in self.untested_candidates() {
+            let mut inside: Vec<usize> = suspects
+                .iter()
+                .copied()
+                .filter(|&x| self.domains[x].get(d.0) == Some(&d.1))
+                .collect();
+            inside.sort_by(|&a, &b| {
+                self.domains[a]
+                    .iter()
+                    .rev()
+                    .cmp(self.domains[b].iter().rev())
+                    .then(a.cmp(&b))
+            });
+            let chosen: Vec<usize> = if inside.len() < 4 {
+                inside.into_iter().take(2).collect()
+            } else {
+                inside.into_iter().step_by(2).collect()
+            };
+            let half = chosen.len() / 2;
+            for i in 0..half {
+                let (a, b) = (chosen[i], chosen[i + half]);
+                if !self.met.contains(&key(a, b)) {
+                    pairs.push(key(a, b));
+                    busy.insert(a);
+                    busy.insert(b);
+                }
+            }
+        }
+        suspects.retain(|x| !busy.contains(x));
+        let mut free: Vec<usize> = self
+            .good
+            .iter()
+            .copied()
+            .filter(|g| !busy.contains(g) && self.tree.candidate_of(&self.domains, *g).is_none())
+            .collect();
+        for x in suspects {
+            let out_of = self.tree.candidate_of(&self.domains, x);
             let pick = free
                 .iter()
                 .enumerate()
                 .filter(|(_, &g)| g != x && !self.met.contains(&key(x, g)))
+                .filter(|(_, &g)| out_of.is_none_or(|d| uplink::crosses(&self.domains, d, x, g)))
                 .min_by_key(|(_, &g)| {
                     (
                         self.tainted.contains(&g),
@@ -375,11 +430,76 @@ impl Pairing {
         self.decide();
     }
 
+    /// The candidate domain `x`'s pair with `other` leaves, if any: such a pair waits for
+    /// the domain's test.
+    fn pending(&self, x: usize, other: usize) -> Option<Domain> {
+        self.tree
+            .candidate_of(&self.domains, x)
+            .filter(|&d| uplink::crosses(&self.domains, d, x, other))
+    }
+
+    /// Maximal candidate domains without a good pair inside yet.
+    fn untested_candidates(&self) -> Vec<Domain> {
+        let c = &self.tree.candidates;
+        let inside = |x: usize, d: Domain| self.domains[x].get(d.0) == Some(&d.1);
+        c.iter()
+            .copied()
+            .filter(|&d| {
+                // Not inside a wider candidate.
+                !c.iter().any(|&w| {
+                    w.0 > d.0
+                        && (0..self.nodes())
+                            .find(|&x| inside(x, d))
+                            .is_some_and(|x| inside(x, w))
+                })
+            })
+            .filter(|&d| {
+                !self.seen.iter().any(|s| {
+                    inside(s.a, d)
+                        && inside(s.b, d)
+                        && s.bw >= self.settings.slow_below * self.expected(s.a, s.b)
+                })
+            })
+            .collect()
+    }
+
+    /// The tree's rule over every pair so far (slow: the figure under the threshold).
+    fn judge_tree(&mut self) {
+        let obs: Vec<Obs> = self
+            .seen
+            .iter()
+            .map(|s| Obs {
+                a: s.a,
+                b: s.b,
+                slow: s.bw < self.settings.slow_below * self.expected(s.a, s.b),
+            })
+            .collect();
+        self.tree = uplink::judge(&self.domains, &obs);
+        for (d, _) in &self.tree.named {
+            let mut r: Vec<f64> = self
+                .seen
+                .iter()
+                .filter(|s| uplink::crosses(&self.domains, *d, s.a, s.b))
+                .map(|s| s.bw / self.expected(s.a, s.b).max(f64::MIN_POSITIVE))
+                .collect();
+            self.slow_uplinks.insert(*d, median(&mut r));
+        }
+        let (tree, domains) = (&self.tree, &self.domains);
+        self.open
+            .retain(|&(a, b, _, _)| tree.explains(domains, a, b).is_none());
+        for (&x, with) in self.slow_with_good.iter_mut() {
+            with.retain(|w| tree.explains(domains, x, w.0).is_none());
+        }
+    }
+
     /// Whatever the evidence now settles.
     fn decide(&mut self) {
+        self.judge_tree();
         for (&x, with) in &self.slow_with_good {
             let decided = self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
-            if with.len() >= 2 && !decided {
+            // A node of a candidate domain waits for the domain's test.
+            let waits = with.iter().any(|w| self.pending(x, w.0).is_some());
+            if with.len() >= 2 && !decided && !waits {
                 let mut r: Vec<f64> = with.iter().map(|w| w.1).collect();
                 // Slow with every good partner: a slow node; spikes with some: a straggler.
                 if with.iter().all(|w| w.2) {
@@ -396,6 +516,10 @@ impl Pairing {
                 |x| self.slow_nodes.contains_key(&x) || self.stragglers.contains_key(&x);
             if explained(a) || explained(b) {
                 continue; // explained by a slow node or a straggler
+            }
+            if self.pending(a, b).is_some() || self.pending(b, a).is_some() {
+                still.push((a, b, ratio, steady));
+                continue;
             }
             // Both ends good with others: the link between them.
             let good_elsewhere = |x: usize, other: usize| {
@@ -452,6 +576,7 @@ impl Pairing {
             slow_nodes: self.slow_nodes.iter().map(|(&n, &r)| (n, r)).collect(),
             stragglers: self.stragglers.iter().map(|(&n, &r)| (n, r)).collect(),
             slow_links: self.slow_links.iter().map(|(&l, &r)| (l, r)).collect(),
+            slow_uplinks: self.slow_uplinks.iter().map(|(&d, &r)| (d, r)).collect(),
             undecided: undecided.into_iter().collect(),
             rounds: self.rounds,
             pairs: self.seen.len(),

@@ -44,6 +44,9 @@ pub struct Judgement {
     pub links: Vec<Link>,
     pub suspects: Vec<SuspectNode>,
     pub unexplained: Vec<Link>,
+    /// Per link (as `links`): slow because it leaves a domain with a slow uplink
+    /// ([`uplinks`]); empty until that is asked.
+    pub behind_uplink: Vec<bool>,
 }
 
 /// MADs below the median (scaled to a standard deviation) that count as far below.
@@ -143,7 +146,104 @@ pub fn judge(nodes: &[String], measured: &[Measured], slow_fraction: f64) -> Jud
         links,
         suspects,
         unexplained,
+        behind_uplink: Vec::new(),
     }
+}
+
+/// A domain of the tree with a slow uplink, as the verdict names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UplinkAt {
+    /// Level (closest first) and id, as in [`crate::uplink`].
+    pub domain: crate::uplink::Domain,
+    /// Its nodes (indices).
+    pub members: Vec<usize>,
+    /// Measured links leaving it, and how many of them are slow (all, by the rule).
+    pub links: usize,
+    /// Median busbw of the links leaving it, and median of what their tiers deliver.
+    pub measured: f64,
+    pub expected: f64,
+}
+
+/// Slow uplinks among the judged links ([`crate::uplink`]'s rule over `j.links`), taken out
+/// of the judgement: a suspect node all of whose slow links leave a named domain is that
+/// uplink's victim, not slow itself, and so are the slow links leaving it.
+/// `domains[node][level]` as the adaptive schedule takes them.
+pub fn uplinks(domains: &[Vec<u32>], measured: &[Measured], j: &mut Judgement) -> Vec<UplinkAt> {
+    use crate::uplink;
+    let obs: Vec<uplink::Obs> = measured
+        .iter()
+        .zip(&j.links)
+        .map(|(m, l)| uplink::Obs {
+            a: m.a,
+            b: m.b,
+            slow: l.slow,
+        })
+        .collect();
+    let tree = uplink::judge(domains, &obs);
+    if tree.named.is_empty() {
+        return Vec::new();
+    }
+    let explained = |m: &Measured| tree.explains(domains, m.a, m.b).is_some();
+    j.behind_uplink = measured.iter().map(explained).collect();
+    let out: Vec<UplinkAt> = tree
+        .named
+        .iter()
+        .map(|(d, members)| {
+            let leaving: Vec<(&Measured, &Link)> = measured
+                .iter()
+                .zip(&j.links)
+                .filter(|(m, _)| uplink::crosses(domains, *d, m.a, m.b))
+                .collect();
+            let bw: Vec<f64> = leaving.iter().map(|(_, l)| l.busbw).collect();
+            let exp: Vec<f64> = leaving.iter().map(|(_, l)| l.expected).collect();
+            UplinkAt {
+                domain: *d,
+                members: members.clone(),
+                links: leaving.len(),
+                measured: median(&bw),
+                expected: median(&exp),
+            }
+        })
+        .collect();
+    // Node names back to indices through the links (a suspect has links).
+    let index_of = |name: &str| {
+        measured.iter().zip(&j.links).find_map(|(m, l)| {
+            if l.a == name {
+                Some(m.a)
+            } else if l.b == name {
+                Some(m.b)
+            } else {
+                None
+            }
+        })
+    };
+    let victims: Vec<String> = j
+        .suspects
+        .iter()
+        .filter(|s| {
+            let Some(x) = index_of(&s.node) else {
+                return false;
+            };
+            measured
+                .iter()
+                .zip(&j.links)
+                .filter(|(m, l)| l.slow && (m.a == x || m.b == x))
+                .all(|(m, _)| explained(m))
+        })
+        .map(|s| s.node.clone())
+        .collect();
+    j.suspects.retain(|s| !victims.contains(&s.node));
+    let keep: Vec<bool> = measured.iter().map(|m| !explained(m)).collect();
+    let unexplained_keys: Vec<(String, String)> = measured
+        .iter()
+        .zip(&j.links)
+        .zip(&keep)
+        .filter(|(_, &k)| !k)
+        .map(|((_, l), _)| (l.a.clone(), l.b.clone()))
+        .collect();
+    j.unexplained
+        .retain(|l| !unexplained_keys.contains(&(l.a.clone(), l.b.clone())));
+    out
 }
 
 /// What a straggler's pairs must show beyond one partner: a share of its pairs with spikes.
@@ -162,7 +262,7 @@ const NOISE_PAIR_SHARE: f64 = 0.34;
 /// by its other pairs, and a passing burst of load touches a pair or two, not most of a
 /// node's. A pair with a suspect node of `j` says nothing about the other end: it is slow
 /// because of the suspect (a node with a slow link and a slow node among its partners is
-/// no straggler). When spikes are everywhere (more than a third of the pairs), they are
+/// no straggler), nor does a pair leaving a domain with a slow uplink. When spikes are everywhere (more than a third of the pairs), they are
 /// noise and nobody is named; the returned note says so.
 pub fn stragglers(
     nodes: &[String],
@@ -172,11 +272,15 @@ pub fn stragglers(
 ) -> (Vec<Straggler>, Option<String>) {
     let links = &j.links;
     let suspect = |n: usize| j.suspects.iter().any(|s| s.node == nodes[n]);
+    let behind_uplink = |i: usize| j.behind_uplink.get(i).copied().unwrap_or(false);
     // Per pair: its spiking iterations.
+    // A pair leaving a slow uplink is that uplink's, like a pair with a suspect node.
     let pairs: Vec<(&Measured, &Link, Vec<usize>)> = measured
         .iter()
         .zip(links)
-        .map(|(m, l)| {
+        .enumerate()
+        .filter(|(i, _)| !behind_uplink(*i))
+        .map(|(_, (m, l))| {
             let below = l.expected * (1.0 - slow_fraction);
             let hit = (0..m.samples.len())
                 .filter(|&i| m.samples[i] < below)

@@ -9,7 +9,9 @@ use crate::topology::{Topology, NODE_NAME_KEY};
 use crate::{Error, Job, Options};
 use busbw_launchers::topology::node_labels::{NodeLabel, Patch};
 use busbw_launchers::Store;
-use busbw_reports::tiers::{NodeInfo, TierFailure, TierReport, TierRow, UnreachableNode, Verdict};
+use busbw_reports::tiers::{
+    NodeInfo, SlowUplink, TierFailure, TierReport, TierRow, UnreachableNode, Verdict,
+};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -86,6 +88,7 @@ pub(crate) fn conclude(
                 reason: why.clone(),
             })
             .collect(),
+        slow_uplinks: Vec::new(),
     };
     for t in &tiers {
         if let (Some(false), Some(th), Some(last)) = (t.passed, t.threshold, t.sizes.last()) {
@@ -104,6 +107,8 @@ pub(crate) fn conclude(
     }
     let matrix = links.map(|(mut m, measured, failed)| {
         let mut j = analysis::judge(&nodes.names, &measured, opts.slow_fraction);
+        let up = analysis::uplinks(&crate::pairwise::domains(topo), &measured, &mut j);
+        verdict.slow_uplinks = up.iter().map(|u| slow_uplink(topo, u)).collect();
         let (stragglers, note) =
             analysis::stragglers(&nodes.names, &measured, &j, opts.slow_fraction);
         analysis::without_stragglers(&mut j, &stragglers);
@@ -174,6 +179,7 @@ pub(crate) fn conclude(
     }
     verdict.passed = verdict.failed_tiers.is_empty()
         && verdict.unreachable_nodes.is_empty()
+        && verdict.slow_uplinks.is_empty()
         && lost.failures.is_empty()
         && verdict.suspect_nodes.is_empty()
         && verdict.slow_links.is_empty()
@@ -215,5 +221,31 @@ pub(crate) fn conclude(
             .iter()
             .map(|&n| nodes.names[n].clone())
             .collect(),
+    }
+}
+
+/// The verdict's form of a slow uplink: the tier by name, the domain by its label value.
+fn slow_uplink(topo: &Topology, u: &analysis::UplinkAt) -> SlowUplink {
+    let (model, nodes) = (&topo.model, &topo.nodes);
+    let (level, _) = u.domain;
+    let tier = model
+        .closest_first()
+        .get(level)
+        .map_or_else(|| format!("level {level}"), |l| l.name.clone());
+    let domain = u
+        .members
+        .first()
+        .and_then(|&x| match model.domain(&nodes.labels[x], level) {
+            busbw_launchers::topology::Domain::Known(path) => Some(path.join("/")),
+            busbw_launchers::topology::Domain::Unknown { .. } => None,
+        })
+        .unwrap_or_default();
+    SlowUplink {
+        tier,
+        domain,
+        nodes: u.members.iter().map(|&x| nodes.names[x].clone()).collect(),
+        links: u.links,
+        measured: u.measured,
+        expected: u.expected,
     }
 }

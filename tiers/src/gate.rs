@@ -8,12 +8,16 @@ use busbw_reports::tiers::TierReport;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Hosts the verdict names: unreachable and suspect nodes, stragglers (unless allowed),
-/// both ends of unexplained slow links, and the nodes of every group under its tier's
-/// threshold.
+/// both ends of unexplained slow links, the nodes behind a slow uplink (a job placed on them
+/// is slowed as if they were slow, until the switch is fixed), and the nodes of every group
+/// under its tier's threshold.
 pub fn named_hosts(report: &TierReport) -> BTreeSet<String> {
     let v = &report.verdict;
     let mut bad: BTreeSet<String> = v.suspect_nodes.iter().map(|s| s.node.clone()).collect();
     bad.extend(v.unreachable_nodes.iter().map(|u| u.node.clone()));
+    for u in &v.slow_uplinks {
+        bad.extend(u.nodes.iter().cloned());
+    }
     if !v.stragglers_allowed {
         bad.extend(v.stragglers.iter().map(|s| s.node.clone()));
     }
@@ -108,6 +112,7 @@ mod tests {
             stragglers: Vec::new(),
             stragglers_allowed: false,
             unreachable_nodes: Vec::new(),
+            slow_uplinks: Vec::new(),
         }
     }
 

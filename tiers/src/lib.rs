@@ -25,6 +25,7 @@ mod pairwise;
 mod run;
 pub mod schedule;
 mod topology;
+pub mod uplink;
 
 pub use conclude::Conclusion;
 pub use error::Error;

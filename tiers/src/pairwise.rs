@@ -737,7 +737,7 @@ fn measure_pair(
 
 /// Each node's domain at every tier of the model, closest first, as the adaptive schedule
 /// takes them: equal ids for one domain; a node whose label is unknown shares nobody's.
-fn domains(topo: &Topology) -> Vec<Vec<u32>> {
+pub(crate) fn domains(topo: &Topology) -> Vec<Vec<u32>> {
     let (model, nodes) = (&topo.model, &topo.nodes);
     let levels = model.len();
     let mut ids: Vec<std::collections::HashMap<Vec<String>, u32>> =

@@ -147,7 +147,7 @@ pub fn render(run: &RunRecord, job: &str) -> String {
     if let Some(v) = run.verdict.as_ref().filter(|v| !v.findings.is_empty()) {
         f.head(
             "busbw_verdict_finding",
-            "1 per finding of the fabric verdict: kind (slow_node, slow_link, straggler, wrong_data, tier_under_threshold) and what it names.",
+            "1 per finding of the fabric verdict: kind (unreachable_node, slow_uplink, slow_node, slow_link, straggler, wrong_data, tier_under_threshold) and what it names.",
         );
         for x in &v.findings {
             let mut l: Vec<(&str, &str)> = base.to_vec();
