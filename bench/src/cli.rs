@@ -70,7 +70,7 @@ pub enum Command {
     #[command(name = "hypercube_perf", visible_alias = "hypercube")]
     Hypercube(PerfArgs),
     /// Bus bandwidth per topology tier, a pairwise link matrix, and a verdict that names
-    /// the slow nodes and links (docs/tiers.md).
+    /// the slow nodes, links and uplinks (docs/tiers.md).
     #[command(name = "tiers")]
     Tiers(Box<TiersArgs>),
     #[command(flatten)]

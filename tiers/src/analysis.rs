@@ -165,8 +165,8 @@ pub struct UplinkAt {
 }
 
 /// Slow uplinks among the judged links ([`crate::uplink`]'s rule over `j.links`), taken out
-/// of the judgement: a suspect node all of whose slow links leave a named domain is that
-/// uplink's victim, not slow itself, and so are the slow links leaving it.
+/// of the judgement: a suspect node is judged again without the links leaving a named
+/// domain (they are the uplink's), and those links are not listed as slow links.
 /// `domains[node][level]` as the adaptive schedule takes them.
 pub fn uplinks(domains: &[Vec<u32>], measured: &[Measured], j: &mut Judgement) -> Vec<UplinkAt> {
     use crate::uplink;
@@ -217,6 +217,9 @@ pub fn uplinks(domains: &[Vec<u32>], measured: &[Measured], j: &mut Judgement) -
             }
         })
     };
+    // A suspect is judged again on its links not behind an uplink: more than half of them
+    // (at least two) still slow, or it was the uplink's victim (or met one of its nodes and
+    // a slow node, and is healthy).
     let victims: Vec<String> = j
         .suspects
         .iter()
@@ -224,11 +227,14 @@ pub fn uplinks(domains: &[Vec<u32>], measured: &[Measured], j: &mut Judgement) -
             let Some(x) = index_of(&s.node) else {
                 return false;
             };
-            measured
+            let own: Vec<bool> = measured
                 .iter()
                 .zip(&j.links)
-                .filter(|(m, l)| l.slow && (m.a == x || m.b == x))
-                .all(|(m, _)| explained(m))
+                .filter(|(m, _)| (m.a == x || m.b == x) && !explained(m))
+                .map(|(_, l)| l.slow)
+                .collect();
+            let slow = own.iter().filter(|&&s| s).count();
+            !(own.len() >= 2 && 2 * slow > own.len())
         })
         .map(|s| s.node.clone())
         .collect();
