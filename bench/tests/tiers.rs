@@ -317,6 +317,11 @@ struct Cluster {
 
 impl Cluster {
     fn up(tag: &str, throttle: Option<usize>) -> Cluster {
+        Cluster::up_blocks(tag, throttle, "2,4")
+    }
+
+    /// Local blocks of L nodes in network blocks of N: `blocks` is `L,N`.
+    fn up_blocks(tag: &str, throttle: Option<usize>, blocks: &str) -> Cluster {
         let name = format!("bt{}-{tag}", std::process::id());
         let _ = Command::new("bash")
             .args([&simcluster(), "down", &name])
@@ -331,7 +336,7 @@ impl Cluster {
             "--mtu",
             "9000",
             "--blocks",
-            "2,4",
+            blocks,
         ])
         .args(["--tier-rates", &rates]);
         if let Some(t) = throttle {
@@ -345,6 +350,16 @@ impl Cluster {
             text(&out.stderr)
         );
         Cluster { name }
+    }
+
+    /// `simcluster.sh CMD NAME ARGS...` on this cluster (`throttle`, `throttle-link`, ...).
+    fn shape(&self, cmd: &str, args: &[&str]) {
+        let out = Command::new("bash")
+            .args([&simcluster(), cmd, &self.name])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
     }
 
     fn labels(&self) -> String {
@@ -633,6 +648,23 @@ fn verdict_names_the_throttled_node_and_nobody_else() {
         stdout.contains("suspect node node5: 7 of 7 links slow"),
         "{stdout}"
     );
+    // The groups that hold node5 fell short and were cut in halves, from figures the
+    // closer tier had measured (and judged: node5's local block is short among local
+    // blocks, though it delivers what a network block should): down to that block.
+    assert!(
+        stdout.contains("tier network_block group island0/nb1 fell short (")
+            && stdout.contains("narrowed to node4, node5 (single nodes are not measured alone)"),
+        "{stdout}"
+    );
+    let nb = &t["tiers"][3];
+    assert_eq!(nb["tier"], "network_block");
+    let halves = nb["halves"].as_array().unwrap();
+    assert!(
+        halves
+            .iter()
+            .all(|h| h["from"] == "local_block" || h["busbw"].is_null()),
+        "{halves:?}"
+    );
     assert_eq!(code, Some(7), "{stdout}");
 }
 
@@ -649,6 +681,13 @@ fn verdict_names_nobody_on_a_healthy_fabric() {
     );
     assert!(v["slow_links"].as_array().unwrap().is_empty(), "{stdout}");
     assert!(stdout.contains("# Verdict: PASS"), "{stdout}");
+    // No group fell short, so none was cut in halves.
+    for tier in t["tiers"].as_array().unwrap() {
+        assert!(
+            tier["halves"].as_array().unwrap().is_empty(),
+            "{tier}\n{stdout}"
+        );
+    }
     // Links match their tier's shaping too.
     for l in t["matrix"]["links"].as_array().unwrap() {
         let want = match l["tier"].as_str().unwrap() {
@@ -680,18 +719,7 @@ fn a_budget_buys_the_whole_matrix_and_a_throttled_link_is_named() {
     let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::up("bud", None);
     // node2 and node6 sit in different network blocks (50 Mbit/s): 15 Mbit/s both ways.
-    let out = Command::new("bash")
-        .args([
-            &simcluster(),
-            "throttle-link",
-            &cluster.name,
-            "2",
-            "6",
-            "15mbit",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    cluster.shape("throttle-link", &["2", "6", "15mbit"]);
     let (stdout, report) = failing_gate(&cluster, "bud", port(4), &["--budget", "90s"]);
     let t = &report["tier_report"];
     let v = &t["verdict"];
@@ -735,17 +763,7 @@ fn a_block_with_a_slow_uplink_is_named_and_not_its_nodes() {
     }
     let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::up("upl", None);
-    let out = Command::new("bash")
-        .args([
-            &simcluster(),
-            "throttle-uplink",
-            &cluster.name,
-            "6",
-            "15mbit",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    cluster.shape("throttle-uplink", &["6", "15mbit"]);
     let (stdout, report) = failing_gate(&cluster, "upl", port(6), &[]);
     let v = &report["tier_report"]["verdict"];
     let up = v["slow_uplinks"].as_array().unwrap();
@@ -768,6 +786,96 @@ fn a_block_with_a_slow_uplink_is_named_and_not_its_nodes() {
     );
     let findings = &report["verdict"]["findings"];
     assert_eq!(findings[0]["kind"], "slow_uplink", "{findings}");
+    // The network block holding it fell short; each of its halves (its local blocks)
+    // delivers: the fault lies between them.
+    assert!(
+        stdout.contains("tier network_block group island0/nb1 fell short (")
+            && stdout.contains("each half delivers (node4, node5 | node6, node7)"),
+        "{stdout}"
+    );
+    drop(cluster);
+}
+
+/// Halving (issue 39): one network block of eight nodes, the whole job, under its
+/// `--min-busbw-tier` because node5 sends at 30 Mbit/s. No other group of the tier to
+/// compare with, so the threshold says short; its halves are measured at once (new groups,
+/// at the largest size), the short one is cut again, down to node5's local block.
+#[test]
+fn a_group_under_its_threshold_is_cut_in_halves_down_to_the_slow_block() {
+    if !can_run_netns("a_group_under_its_threshold_is_cut_in_halves_down_to_the_slow_block") {
+        return;
+    }
+    let _serial = SHAPED.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::up_blocks("hlv", None, "2,8");
+    cluster.shape("throttle", &["5", "30mbit"]);
+    let (stdout, report) = failing_gate(
+        &cluster,
+        "hlv",
+        port(7),
+        &["--min-busbw-tier", "network_block=0.011"],
+    );
+    let t = &report["tier_report"];
+    let nb = t["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["tier"] == "network_block")
+        .unwrap();
+    let halves: Vec<(u64, String, bool, Option<String>)> = nb["halves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            let nodes: Vec<&str> = h["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap())
+                .collect();
+            (
+                h["round"].as_u64().unwrap(),
+                nodes.join(","),
+                h["short"].as_bool().unwrap(),
+                h["from"].as_str().map(String::from),
+            )
+        })
+        .collect();
+    let want = [
+        (1, "node0,node1,node2,node3".to_string(), false, None),
+        (1, "node4,node5,node6,node7".to_string(), true, None),
+        (
+            2,
+            "node4,node5".to_string(),
+            true,
+            Some("local_block".to_string()),
+        ),
+        (
+            2,
+            "node6,node7".to_string(),
+            false,
+            Some("local_block".to_string()),
+        ),
+        (3, "node4".to_string(), false, None),
+        (3, "node5".to_string(), false, None),
+    ];
+    assert_eq!(halves, want, "{stdout}");
+    assert!(
+        stdout.contains("narrowed to node4, node5 (single nodes are not measured alone)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "#   network_block island0/nb0 short, halves (round 1): node0,node1,node2,node3 "
+        ),
+        "{stdout}"
+    );
+    let suspects: Vec<&str> = t["verdict"]["suspect_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(suspects, ["node5"], "{stdout}");
     drop(cluster);
 }
 

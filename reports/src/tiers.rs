@@ -55,6 +55,30 @@ pub struct TierRow {
     pub threshold: Option<f64>,
     /// Whether the slowest group at the largest size met 0.9 x the threshold.
     pub passed: Option<bool>,
+    /// Groups that fell short, cut in halves and measured again, all halves at once, until
+    /// the halves deliver or cannot be cut: where in the group the fault lies.
+    #[serde(default)]
+    pub halves: Vec<Half>,
+}
+
+/// One half of a group that fell short (or of a half that did).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Half {
+    /// The domain of the tier's group it was cut from.
+    pub group: Vec<String>,
+    /// 1 for the halves of the group, 2 for theirs, ...
+    pub round: usize,
+    pub nodes: Vec<String>,
+    /// busbw at the tier's largest size, GB/s; `None` when it could not be measured (a
+    /// half of one node, or its sweep failed).
+    pub busbw: Option<f64>,
+    /// Under the tier's expectation, as its group was (a closer tier's group: under its own
+    /// tier's).
+    pub short: bool,
+    /// The tier whose group had exactly these ranks, when its figure was taken from there
+    /// rather than measured again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// busbw across the groups of a tier at one size (out-of-place, GB/s).
@@ -502,7 +526,7 @@ fn verdict_lines(v: &Verdict) -> Vec<String> {
 }
 
 /// GB/s with 4 significant digits, small values included (a shaped test link is 0.0125).
-fn gbs(v: f64) -> String {
+pub fn gbs(v: f64) -> String {
     if !v.is_finite() {
         return "nan".into();
     }
@@ -571,6 +595,36 @@ pub fn tier_lines(r: &TierReport) -> Vec<String> {
         }
         if let (Some(note), false) = (&t.note, t.sizes.is_empty()) {
             out.push(format!("#   {}: {note}", t.tier));
+        }
+        let mut cut: Vec<(&Vec<String>, usize)> = Vec::new();
+        for h in &t.halves {
+            if !cut.contains(&(&h.group, h.round)) {
+                cut.push((&h.group, h.round));
+            }
+        }
+        for (group, round) in cut {
+            let halves: Vec<String> = t
+                .halves
+                .iter()
+                .filter(|h| &h.group == group && h.round == round)
+                .map(|h| {
+                    format!(
+                        "{} {}{}{}",
+                        h.nodes.join(","),
+                        h.busbw.map_or_else(|| "-".to_string(), gbs),
+                        if h.short { " short" } else { "" },
+                        h.from
+                            .as_ref()
+                            .map_or_else(String::new, |f| format!(" (as {f})"))
+                    )
+                })
+                .collect();
+            out.push(format!(
+                "#   {} {} short, halves (round {round}): {}",
+                t.tier,
+                group.join("/"),
+                halves.join("; ")
+            ));
         }
         if !t.unknown_nodes.is_empty() {
             out.push(format!(
@@ -695,6 +749,7 @@ mod tests {
                     group_results: vec![],
                     threshold: None,
                     passed: None,
+                    halves: Vec::new(),
                 },
                 TierRow {
                     tier: "local_block".into(),
@@ -718,6 +773,7 @@ mod tests {
                     }],
                     threshold: Some(0.02),
                     passed: Some(true),
+                    halves: Vec::new(),
                 },
             ],
             matrix: Some(LinkMatrix {

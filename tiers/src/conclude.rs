@@ -91,6 +91,38 @@ pub(crate) fn conclude(
         slow_uplinks: Vec::new(),
     };
     for t in &tiers {
+        let mut seen: Vec<&Vec<String>> = Vec::new();
+        for h in &t.halves {
+            if seen.contains(&&h.group) {
+                continue;
+            }
+            seen.push(&h.group);
+            let own = t
+                .group_results
+                .iter()
+                .find(|g| g.domain == h.group)
+                .and_then(|g| g.busbw.last());
+            if let (Some(what), Some(own), Some(last)) = (
+                crate::halve::conclusion(&t.halves, &h.group),
+                own,
+                t.sizes.last(),
+            ) {
+                let against = match (t.group_results.len(), t.threshold) {
+                    (n, _) if n >= 2 => format!(
+                        "the tier's median {} GB/s",
+                        busbw_reports::tiers::gbs(last.median)
+                    ),
+                    (_, Some(th)) => format!("--min-busbw-tier {}={th}", t.tier),
+                    _ => "its expectation".into(),
+                };
+                verdict.notes.push(format!(
+                    "tier {} group {} fell short ({} GB/s, {against}): {what}",
+                    t.tier,
+                    h.group.join("/"),
+                    busbw_reports::tiers::gbs(*own),
+                ));
+            }
+        }
         if let (Some(false), Some(th), Some(last)) = (t.passed, t.threshold, t.sizes.last()) {
             verdict.failed_tiers.push(TierFailure {
                 tier: t.tier.clone(),

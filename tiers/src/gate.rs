@@ -156,6 +156,7 @@ mod tests {
             group_results: vec![group(&["h4", "h5"], 10.0), group(&["h6", "h7"], 50.0)],
             threshold: Some(40.0),
             passed: Some(false),
+            halves: Vec::new(),
         };
         let r = report(v, vec![tier]);
         let named: Vec<String> = named_hosts(&r).into_iter().collect();

@@ -20,6 +20,7 @@ mod conclude;
 mod error;
 pub mod fabric;
 pub mod gate;
+pub mod halve;
 mod liveness;
 mod pairwise;
 mod run;

@@ -9,6 +9,7 @@
 
 use crate::analysis;
 use crate::conclude::{conclude, Conclusion};
+use crate::halve;
 use crate::liveness::{roll_call, Lost};
 use crate::pairwise::pairwise;
 use crate::schedule::{self, Group};
@@ -21,7 +22,7 @@ use busbw_launchers::Store;
 use busbw_measure::device::DeviceMem;
 use busbw_measure::plan::Engine;
 use busbw_measure::{Plan, Summary};
-use busbw_reports::tiers::{GroupResult, TierRow, TierSize};
+use busbw_reports::tiers::{GroupResult, Half, TierRow, TierSize};
 use busbw_reports::{Footer, Measured, Row, RunHeader, Sink};
 use busbw_transports::Abort;
 use std::sync::Arc;
@@ -200,6 +201,9 @@ pub fn run(
     let mut tiers: Vec<TierRow> = Vec::new();
     // The rank sets already measured, and the tier that measured them.
     let mut measured: Vec<(Vec<Vec<usize>>, usize)> = Vec::new();
+    // Every group measured so far, for the halving: its ranks, what it was, its busbw at
+    // the largest size.
+    let mut known: Vec<Known> = Vec::new();
     let mut wrong = 0u64;
     let (rank, size) = (comm.rank(), comm.size());
     let nodes = &topo.nodes;
@@ -237,6 +241,7 @@ pub fn run(
                 .find(|(t, _)| t == tier || t == key)
                 .map(|(_, b)| *b),
             passed: None,
+            halves: Vec::new(),
         };
         let runs: Vec<Sweep> = if runnable.is_empty() {
             row.note = Some(if groups.is_empty() {
@@ -268,7 +273,7 @@ pub fn run(
                 rank,
                 factory,
                 job,
-                (ti, &groups, &runnable),
+                (&format!("t{ti}"), ti, &groups, &runnable),
                 nodes,
                 dev.as_deref_mut(),
                 tolerant,
@@ -288,6 +293,29 @@ pub fn run(
         if !runs.is_empty() && rank == 0 {
             wrong += summarize(&mut row, &groups, &runnable, &runs, &nodes.names);
         }
+        if ti > 0 && !runs.is_empty() {
+            let figures: Vec<f64> = runs.iter().filter_map(last_busbw).collect();
+            let expect = halve::Expectation::new(&figures, row.threshold, opts.slow_fraction);
+            for (&g, r) in runnable.iter().zip(&runs) {
+                if let Some(b) = last_busbw(r) {
+                    known.push((groups[g].ranks.clone(), tier.clone(), b, expect.short(b)));
+                }
+            }
+            row.halves = halve_short(
+                plan,
+                rank,
+                factory,
+                job,
+                (ti, tier),
+                (&groups, &runnable, &runs),
+                topo,
+                (opts.slow_fraction, row.threshold),
+                &mut known,
+                &lost,
+                dev.as_deref_mut(),
+                tolerant,
+            )?;
+        }
         if let (Some(th), Some(last)) = (row.threshold, row.sizes.last()) {
             row.passed = Some(last.min >= 0.9 * th);
         }
@@ -301,6 +329,124 @@ pub fn run(
         None
     };
     Ok((rank == 0).then(|| conclude(job, topo, tiers, links, wrong, lost, opts)))
+}
+
+/// A group measured: its ranks, what it was (a tier, or a tier's half), its busbw at the
+/// largest size, and whether it fell short by its own tier's expectation (a closer tier's
+/// group is judged against its own tier: its links are faster than the wider tier's, so a
+/// slow node in it can still deliver what the wider tier expects).
+type Known = (Vec<usize>, String, f64, bool);
+
+/// A sweep's busbw at its largest size, when it finished.
+fn last_busbw(r: &Sweep) -> Option<f64> {
+    r.failed
+        .is_none()
+        .then(|| r.busbw.last().copied())
+        .flatten()
+}
+
+/// The halving of tier `ti`'s groups that fell short ([`crate::halve`]), run alike on every
+/// rank from the groups' published results: each round cuts the short groups (then the short
+/// halves) in two and measures, all at once and at the largest size only, the halves that
+/// no earlier group measured already (a half that is a closer tier's group takes that
+/// group's figure). Ends when no half is short or none can be cut.
+#[allow(clippy::too_many_arguments)]
+fn halve_short(
+    plan: &Plan,
+    rank: usize,
+    factory: Option<&Factory>,
+    job: &Job,
+    (ti, tier): (usize, &str),
+    (groups, runnable, runs): (&[Group], &[usize], &[Sweep]),
+    topo: &Topology,
+    (slow_fraction, threshold): (f64, Option<f64>),
+    known: &mut Vec<Known>,
+    lost: &Lost,
+    mut dev: Option<&mut DeviceMem>,
+    tolerant: bool,
+) -> Result<Vec<Half>, Error> {
+    let figures: Vec<f64> = runs.iter().filter_map(last_busbw).collect();
+    let expect = halve::Expectation::new(&figures, threshold, slow_fraction);
+    let Some(&largest) = plan.sizes.last() else {
+        return Ok(Vec::new());
+    };
+    let half_plan = Plan {
+        sizes: vec![largest],
+        ..plan.clone()
+    };
+    let nodes = &topo.nodes;
+    let mut work: Vec<Group> = runnable
+        .iter()
+        .zip(runs)
+        .filter(|(_, r)| last_busbw(r).is_some_and(|b| expect.short(b)))
+        .map(|(&g, _)| groups[g].clone())
+        .collect();
+    let mut out = Vec::new();
+    let mut round = 0;
+    while !work.is_empty() {
+        round += 1;
+        let mut cut: Vec<Group> = Vec::new();
+        for g in &work {
+            let mut g = g.clone();
+            g.nodes.retain(|&n| !lost.contains(n));
+            g.ranks = g.nodes.iter().map(|&n| nodes.leaders[n]).collect();
+            g.ranks.sort_unstable();
+            if let Some((a, b)) =
+                halve::split(&g, ti - 1, &topo.model, &nodes.labels, &nodes.leaders)
+            {
+                cut.extend([a, b]);
+            }
+        }
+        let is_known = |h: &Group| known.iter().find(|k| k.0 == h.ranks);
+        let to_run: Vec<usize> = (0..cut.len())
+            .filter(|&i| cut[i].ranks.len() > 1 && is_known(&cut[i]).is_none())
+            .collect();
+        let measured = if to_run.is_empty() {
+            Vec::new()
+        } else {
+            run_groups(
+                &half_plan,
+                rank,
+                factory,
+                job,
+                (&format!("t{ti}h{round}"), ti, &cut, &to_run),
+                nodes,
+                dev.as_deref_mut(),
+                tolerant,
+            )?
+            .0
+        };
+        let mut next = Vec::new();
+        for (i, h) in cut.iter().enumerate() {
+            let (busbw, from, short) = match known.iter().find(|k| k.0 == h.ranks) {
+                Some(k) => (Some(k.2), Some(k.1.clone()), k.3),
+                None => {
+                    let b = to_run
+                        .iter()
+                        .position(|&x| x == i)
+                        .and_then(|p| measured.get(p))
+                        .and_then(last_busbw);
+                    (b, None, b.is_some_and(|b| expect.short(b)))
+                }
+            };
+            if let (Some(b), None) = (busbw, &from) {
+                known.push((h.ranks.clone(), format!("a half of {tier}"), b, short));
+            }
+            out.push(Half {
+                group: h.domain.clone(),
+                round,
+                nodes: h.nodes.iter().map(|&n| nodes.names[n].clone()).collect(),
+                busbw,
+                short,
+                from,
+            });
+            if short {
+                next.push(h.clone());
+            }
+        }
+        work = next;
+    }
+    Ok(out)
 }
 
 /// Rank 0: the groups' results into the tier's row (per size: min, median and max over the
@@ -351,21 +497,23 @@ fn summarize(
     wrong
 }
 
-/// Run the collective in every runnable group of tier `ti` at once; on rank 0, every
-/// group's result (in `runnable` order); on every rank, its own group's failure when
-/// `tolerant` kept it (a group that never reported counts as failed).
+/// Run the collective in every runnable group of tier `ti` at once (`tag` names their
+/// communicators and store keys: `t<ti>` for the tier's groups, `t<ti>h<round>` for a
+/// round of halves); on every rank, every group's result (in `runnable` order: every rank
+/// waited for them all, and the halving decides from them alike everywhere) and its own
+/// group's failure when `tolerant` kept it (a group that never reported counts as failed).
 #[allow(clippy::too_many_arguments)]
 fn run_groups(
     plan: &Plan,
     rank: usize,
     factory: Option<&Factory>,
     job: &Job,
-    (ti, groups, runnable): (usize, &[Group], &[usize]),
+    (tag, ti, groups, runnable): (&str, usize, &[Group], &[usize]),
     nodes: &crate::topology::Nodes,
     mut dev: Option<&mut DeviceMem>,
     tolerant: bool,
 ) -> Result<(Vec<Sweep>, Option<String>), Error> {
-    let key = |g: usize| format!("tiers/t{ti}/g{g}");
+    let key = |g: usize| format!("tiers/{tag}/g{g}");
     let mine = runnable.iter().find(|&&g| groups[g].ranks.contains(&rank));
     if plan.engine == Engine::Nccl {
         // NCCL's groups: every rank of the job splits its communicator, those in no group
@@ -391,7 +539,7 @@ fn run_groups(
         let grp = &groups[g];
         let member_nodes: Vec<usize> = grp.ranks.iter().map(|&r| nodes.of_rank[r]).collect();
         let built = f
-            .build(&format!("t{ti}/g{g}"), &grp.ranks, &member_nodes)
+            .build(&format!("{tag}/g{g}"), &grp.ranks, &member_nodes)
             .map_err(|source| Error::Group {
                 what: format!("building the communicator of tier {ti} group {g}"),
                 source: Box::new(source),
@@ -441,9 +589,6 @@ fn run_groups(
             .map(Some)
             .collect()
     };
-    if rank != 0 {
-        return Ok((Vec::new(), failed));
-    }
     let runs = values
         .iter()
         .zip(&keys)
@@ -580,6 +725,7 @@ mod tests {
             group_results: Vec::new(),
             threshold: None,
             passed: None,
+            halves: Vec::new(),
         };
         assert_eq!(summarize(&mut row, &groups, &[0, 2], &runs, &names), 3);
         assert_eq!(row.group_results[1].nodes, ["n3", "n4"]);
