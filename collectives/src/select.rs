@@ -335,8 +335,9 @@ fn low_quartile(mut v: Vec<f64>) -> f64 {
 /// Measure the job's [`CostModel`]: every algorithm of [`PROBED`] at four sizes, from one
 /// that gives every ring chunk at least one element (so no step is skipped; the hop latency)
 /// to [`LARGE_BYTES`] (the bandwidth), the algorithms in a rotating order so that load from
-/// elsewhere hits all alike, lower quartiles throughout: one preempted repetition must not
-/// move the model. Each probe repeats as often as [`PROBE_BUDGET_SECS`] allows. The alpha-beta
+/// elsewhere hits all alike, each timed run after an untimed one of the same algorithm on
+/// the same slot (as the timed loop finds its buffers), lower quartiles throughout: one
+/// preempted repetition must not move the model. Each probe repeats as often as [`PROBE_BUDGET_SECS`] allows. The alpha-beta
 /// terms are fitted to the ring's and the tree's times, for reports.
 ///
 /// A collective: every rank calls it at the same point, and every rank returns the identical
@@ -383,6 +384,12 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
                 }
                 let slots = (WINDOW / bytes).max(1);
                 let at = (rep * PROBED.len() + k) % slots * bytes;
+                // Once untimed on the same slot first: the timed loop runs one algorithm call
+                // after call, so its lines sit where that algorithm left them, where after
+                // another algorithm they sit modified in the other rank's cache (the direct
+                // AllReduce at 2 MiB took 3.5x its loop's time after the ring, and auto
+                // chose the ring, a third of its speed, at 128 MiB in half of the runs).
+                time_one(comm, &mut buf, PROBED[a], bytes, at)?;
                 let t = time_one(comm, &mut buf, PROBED[a], bytes, at)?;
                 if rep > 0 {
                     samples[a * probes.len() + p].push(t);
@@ -394,7 +401,8 @@ pub fn calibrate(comm: &mut Communicator) -> Result<CostModel, CommError> {
                     .filter(|t| t.is_finite())
                     .sum::<f64>()];
                 all_reduce_values(comm, &mut round, ReduceOp::Max)?;
-                reps = reps_within_budget(bytes, round[0]);
+                // Each timed call came with its untimed twin.
+                reps = reps_within_budget(bytes, 2.0 * round[0]);
             }
             rep += 1;
         }
