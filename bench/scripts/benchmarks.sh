@@ -28,7 +28,7 @@
 # Time, full run, on the 2-core Emerald Rapids guest BENCHMARKS.md names (estimated from the
 # scripts' settings, to be corrected from the per-target wall times this script prints):
 # about 20 minutes for the targets without special needs (OpenMPI 2 x ~4, sweep fidelity
-# ~4, algorithms ~4, kernels, engine, rendezvous, peak RSS ~2 together, fuzz ~2, soak 2),
+# ~4, algorithms ~4, roofline ~1, kernels, engine, rendezvous, peak RSS ~2 together, fuzz ~2, soak 2),
 # plus ~3 with root for the simulated cluster, ~18 for the gate's trials, and ~8 for the
 # SoftRoCE bed (qemu under TCG),
 # plus cargo's build time of anything stale. Run it on a quiet machine: every figure is a
@@ -41,7 +41,7 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-ALL=(openmpi-shm openmpi-tcp sweep-fidelity algos cluster-iperf3 cluster-openmpi gate peak-rss
+ALL=(openmpi-shm openmpi-tcp sweep-fidelity algos roofline cluster-iperf3 cluster-openmpi gate peak-rss
     kernels engine rendezvous rdma-perftest fuzz soak gpu)
 BUILD=1 QUICK=0 NOCARGO=0 ONLY="" OUT="" UPDATE="" LOGS=""
 die() { echo "benchmarks.sh: $*" >&2; exit 2; }
@@ -109,7 +109,9 @@ PEER[openmpi-tcp]="OpenMPI \`MPI_Allreduce\` (btl tcp, lo), alternating"
 GOAL[sweep-fidelity]="a size measures the same alone as inside a sweep: sweep/alone within 1 +- 0.15 (issue 20, point 0)"
 PEER[sweep-fidelity]="the same size alone, same binary, alternating"
 GOAL[algos]="auto within 1.10 of the fastest pinned algorithm at every size (issue 20, point 2)"
-PEER[algos]="ring, tree, rd pinned, same binary, rotating order"
+PEER[algos]="ring, tree, rd (and direct on shm) pinned, same binary, rotating order"
+GOAL[roofline]="shm n=2: busbw >= 0.45 of one core's copy bandwidth and out of place within 1.1x of in place from 16 MiB; at most 1.25x the bare exchange up to 4 KiB (issue 40)"
+PEER[roofline]="memcpy (one core; two at once), the bare two-process shared-memory exchange, same run, alternating"
 GOAL[cluster-iperf3]="busbw >= 0.98 of iperf3's goodput on the same 1 Gbit/s links"
 PEER[cluster-iperf3]="iperf3, one TCP stream, same run"
 GOAL[cluster-openmpi]="8 B faster than OpenMPI; 32 MiB >= 0.98 of iperf3"
@@ -248,20 +250,22 @@ t_sweep_fidelity() {
 t_algos() {
     local t=algos reps cfg np tr worst="" total=0 inside=0 rc=0
     reps=$(q 3 1)
-    CMD[$t]="bench/scripts/algos.py --reps $reps --np N --transport T  (N,T: 2,shm 2,tcp 4,shm)"
+    CMD[$t]="bench/scripts/algos.py --reps $reps --np N --transport T [--algos ring,tree,rd,direct,auto on shm]  (N,T: 2,shm 2,tcp 4,shm)"
     : >"$LOGS/$t.log"
     for cfg in "2 shm" "2 tcp" "4 shm"; do
         read -r np tr <<<"$cfg"
         ((QUICK)) && [[ $cfg != "2 shm" ]] && continue
+        local algos=ring,tree,rd,auto
+        [[ $tr == shm ]] && algos=ring,tree,rd,direct,auto
         (cd "$ROOT" && python3 "$HERE/algos.py" --reps "$reps" --np "$np" --transport "$tr" \
-            --bin "$BUSBW") >>"$LOGS/$t.log.$np$tr" 2>&1 || rc=$?
+            --algos "$algos" --bin "$BUSBW") >>"$LOGS/$t.log.$np$tr" 2>&1 || rc=$?
         cat "$LOGS/$t.log.$np$tr" >>"$LOGS/$t.log"
-        # | size | ring | tree | rd | auto | best | auto/best | auto chose |
+        # | size | ring | tree | rd | [direct |] auto | best | auto/best | auto chose |
         read -r n i w < <(awk -F'|' '
         function lab(b) { return b >= 1048576 ? b / 1048576 " MiB" : (b >= 1024 ? b / 1024 " KiB" : b " B") }
         $2 ~ /^ *[0-9]+ *$/ && NF >= 9 {
-            k++; r = $8 + 0; if (r <= 1.10) ok++
-            ch = $9; gsub(/ /, "", ch)
+            k++; r = $(NF - 2) + 0; if (r <= 1.10) ok++
+            ch = $(NF - 1); gsub(/ /, "", ch)
             if (k == 1 || r > wr) { wr = r; at = lab($2 + 0) " " r " (chose " ch ")" }
         } END { print k + 0, ok + 0, (k ? at : "-") }' "$LOGS/$t.log.$np$tr")
         total=$((total + n)) inside=$((inside + i))
@@ -270,6 +274,32 @@ t_algos() {
     done
     ((total)) || { fail "$t" "$rc"; return; }
     FIG[$t]="$inside of $total points within 1.10; $worst"
+}
+
+# ---- The roofline: roofline.sh (issue 40) -------------------------------------------------
+t_roofline() {
+    local t=roofline rounds
+    rounds=$(q 3 1)
+    CMD[$t]="bench/scripts/roofline.sh --rounds $rounds"
+    bash "$HERE/roofline.sh" --no-build --rounds "$rounds" >"$LOGS/$t.log" 2>&1
+    local rc=$?
+    # | size | oop | ip | bound | oop/bound | ip/bound | busbw oop/copy1 | oop/ip | floor | oop/floor |
+    FIG[$t]=$(awk -F'|' '
+        function lab(b) { return b >= 1048576 ? b / 1048576 " MiB" : (b >= 1024 ? b / 1024 " KiB" : b " B") }
+        /^copy, one core/ { copy = $0; sub(/^copy, one core: /, "", copy); sub(/;.*/, "", copy) }
+        $2 ~ /^ *[0-9]+ *$/ && NF >= 11 {
+            s = $2 + 0; c = $8 + 0; g = $9 + 0; f = $11 + 0
+            if (s >= 16777216) {
+                big = big (big ? ", " : "") lab(s) " " c " of copy, oop/ip " g
+                if (c < 0.45 || g > 1.1) miss = 1
+            } else if (s <= 4096) {
+                small = small (small ? ", " : "") lab(s) " " f
+                if (f > 1.25) miss = 1
+            }
+        } END { if (big != "") printf "from 16 MiB: %s; x bare exchange: %s (copy %s)%s",
+            big, small, copy, miss ? " (**missed**)" : " (met)" }' "$LOGS/$t.log")
+    DETAIL[$t]=$(sed -n '/^CPU:/,$p' "$LOGS/$t.log")
+    [[ -n ${FIG[$t]} ]] || fail "$t" "$rc"
 }
 
 # ---- Simulated cluster: cluster-bw.sh, cluster-vs-openmpi.sh ------------------------------
