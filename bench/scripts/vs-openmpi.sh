@@ -19,6 +19,9 @@
 # both directions, and one per direction as busbw's TCP transport has them).  The peer
 # validates every size (exit 7 on a wrong element); busbw runs with -c 0.
 #
+# Iterations are calibrated per case and size before the pairs (CALIB_SECS, default 0.3 s
+# of the slower side's timed loop, at least 5), so that both run in steady state.
+#
 # Both sides rotate their buffers over the same window (--rotate, default busbw's 8M; 0 keeps
 # them still, both then run sizes that fit a core's cache from that cache): iteration k uses
 # bytes * (k mod floor(WINDOW/bytes)) into the buffers, busbw with --rotate WINDOW and the peer
@@ -62,7 +65,7 @@ while (($#)); do
     --raw) RAW=$2; shift 2 ;;
     --rt) RT=(chrt -f 1); shift ;;
     --rotate) ROTATE=$2; shift 2 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "vs-openmpi.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -108,7 +111,7 @@ to_bytes() {
     *) echo "$s" ;;
     esac
 }
-# iterations and warmup per size, so that every run stays short
+# iterations and warmup per size for the calibration probes
 iters_for() {
     local b=$1
     if ((b <= 4096)); then echo "1000 20"
@@ -176,12 +179,35 @@ read -r _ _ _ _ X1 < <("${RT[@]}" "$EXCHANGE" 8 50000 100 1)
 read -r _ _ _ _ X2 < <("${RT[@]}" "$EXCHANGE" 8 50000 100 2)
 echo "# TCP loopback 8 B exchange floor (tcp_exchange, 50000 iters): $X1 us on one socket, $X2 us on one socket per direction"
 
+# Iterations per case and size, calibrated so that each side's timed loop runs about
+# CALIB_SECS (0.3 s): a fixed 5 or 20 iterations of a large size measure a peer short of its
+# steady state. Both sides then run the same count: from one probe of each (the short counts
+# of iters_for), the slower side's time per operation sets it (at least 5, warmup a tenth).
+declare -A ITERS
+CALIB_SECS=${CALIB_SECS:-0.3}
+calibrate() { # np transport bytes -> "iters warmup"
+    local n w a o t
+    read -r n w < <(iters_for "$3")
+    a=$(run_busbw "$1" "$2" "$3" "$n" "$w" | cut -d' ' -f1) || a=""
+    o=$(run_peer "$1" "$2" "$3" "$n" "$w" | cut -d' ' -f1) || o=""
+    awk -v a="${a:-0}" -v o="${o:-0}" -v n="$n" -v w="$w" -v secs="$CALIB_SECS" 'BEGIN {
+        t = a > o ? a : o
+        if (t <= 0) { print n, w; exit }
+        k = int(secs * 1e6 / t); if (k < 5) k = 5; if (k > 200000) k = 200000
+        wu = int(k / 10); if (wu < 2) wu = 2; if (wu > 1000) wu = 1000
+        print k, wu }'
+}
+
 for np in $NPS; do
     for tr in $TRANSPORTS; do
+        for s in $SIZES; do
+            b=$(to_bytes "$s")
+            ITERS[$np $tr $b]=$(calibrate "$np" "$tr" "$b")
+        done
         for ((p = 1; p <= PAIRS; p++)); do
             for s in $SIZES; do
                 b=$(to_bytes "$s")
-                read -r n w < <(iters_for "$b")
+                read -r n w <<<"${ITERS[$np $tr $b]}"
                 if a=$(run_busbw "$np" "$tr" "$b" "$n" "$w"); then :; else a="NA NA"; FAILS=$((FAILS + 1)); fi
                 if o=$(run_peer "$np" "$tr" "$b" "$n" "$w"); then :; else o="NA NA"; FAILS=$((FAILS + 1)); fi
                 echo "$np $tr $b $p $n $a $o" >>"$RESULTS"
