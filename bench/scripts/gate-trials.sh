@@ -13,9 +13,11 @@
 #   hung       one node's busbw (not node0's: it serves the job's store) stopped (SIGSTOP)
 #              a second after the job is up; that case runs at -T HUNG_T (10 s) instead of
 #              60, since the gate gives up on a node within a few -T
+#   uplink     one local block's uplink at SLOW (simcluster.sh throttle-uplink: its nodes to
+#              every node outside it and back); only with --cases, not by default
 # Each trial runs the gate on every node at `-b 16M -e 16M -n 3 --budget BUDGET` and reads
 # rank 0's JSON report. A trial is exact when the verdict names the fault and nothing else
-# (slow node, slow link or straggler; nothing for healthy). Prints a line per trial and per
+# (slow node, slow link, straggler, unreachable node or slow uplink; nothing for healthy). Prints a line per trial and per
 # case: exact trials, median and slowest time to the verdict (all ranks exited). Needs root.
 #
 #   bench/scripts/gate-trials.sh [--trials 10] [--cases "node link straggler healthy hung"]
@@ -59,8 +61,8 @@ done
 [[ $FLAP =~ ^([0-9.]+),([0-9.]+)$ ]] || { echo "gate-trials.sh: --flap is ON,OFF in seconds" >&2; exit 2; }
 ON=${BASH_REMATCH[1]} OFF=${BASH_REMATCH[2]}
 for c in $CASES; do
-    case $c in node | link | straggler | healthy | hung) ;; *)
-        echo "gate-trials.sh: unknown case '$c' (node, link, straggler, healthy, hung)" >&2; exit 2 ;;
+    case $c in node | link | straggler | healthy | hung | uplink) ;; *)
+        echo "gate-trials.sh: unknown case '$c' (node, link, straggler, healthy, hung, uplink)" >&2; exit 2 ;;
     esac
 done
 
@@ -123,7 +125,8 @@ gate() {
     awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
 }
 
-# What rank 0's verdict names, one word each: node:N, link:A-B, straggler:N, unreachable:N.
+# What rank 0's verdict names, one word each: node:N, link:A-B, straggler:N, unreachable:N,
+# uplink:N1,N2,... (the nodes behind it).
 named() {
     python3 - "$WORK/r.0.json" <<'EOF'
 import json, sys
@@ -136,6 +139,7 @@ out = [f"node:{s['node']}" for s in v["suspect_nodes"]]
 out += ["link:" + "-".join(sorted([l["a"], l["b"]])) for l in v["slow_links"]]
 out += [f"straggler:{s['node']}" for s in v.get("stragglers", [])]
 out += [f"unreachable:{u['node']}" for u in v.get("unreachable_nodes", [])]
+out += ["uplink:" + ",".join(u["nodes"]) for u in v.get("slow_uplinks", [])]
 print(" ".join(sorted(out)) or "-")
 EOF
 }
@@ -160,11 +164,17 @@ for c in $CASES; do
             ;;
         healthy) want="-" ;;
         hung) a=$((1 + RANDOM % (NODES - 1))); want="unreachable:node$a" ;;
+        uplink)
+            # The block of node a: local blocks of 2 (simcluster.sh up --blocks 2,4).
+            want="uplink:node$((a / 2 * 2)),node$((a / 2 * 2 + 1))"
+            bash "$SIM" throttle-uplink "$NAME" "$a" "$SLOW"
+            ;;
         esac
         if [[ $c == hung ]]; then secs=$(gate "$HUNG_T" "$a"); else secs=$(gate 60); fi
         case $c in
         node) bash "$SIM" throttle "$NAME" "$a" off ;;
         link) bash "$SIM" throttle-link "$NAME" "$a" "$b" off ;;
+        uplink) bash "$SIM" throttle-uplink "$NAME" "$a" off ;;
         straggler) kill "$FLAPPER"; wait "$FLAPPER" 2>/dev/null || true; FLAPPER="" ;;
         esac
         got=$(named)
