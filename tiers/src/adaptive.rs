@@ -187,8 +187,7 @@ impl Pairing {
     /// The tier of the link between `a` and `b`: the closest level whose domain they
     /// share; the number of levels when they share none.
     pub fn tier(&self, a: usize, b: usize) -> usize {
-        let (da, db) = (&self.domains[a], &self.domains[b]);
-        (0..da.len()).find(|&l| da[l] == db[l]).unwrap_or(da.len())
+        uplink::tier(&self.domains, a, b)
     }
 
     fn widest(&self) -> usize {
@@ -311,7 +310,7 @@ impl Pairing {
             let mut inside: Vec<usize> = suspects
                 .iter()
                 .copied()
-                .filter(|&x| self.domains[x].get(d.0) == Some(&d.1))
+                .filter(|&x| uplink::inside(&self.domains, d, x))
                 .collect();
             inside.sort_by(|&a, &b| {
                 self.domains[a]
@@ -441,7 +440,7 @@ impl Pairing {
     /// Maximal candidate domains without a good pair inside yet.
     fn untested_candidates(&self) -> Vec<Domain> {
         let c = &self.tree.candidates;
-        let inside = |x: usize, d: Domain| self.domains[x].get(d.0) == Some(&d.1);
+        let inside = |x: usize, d: Domain| uplink::inside(&self.domains, d, x);
         c.iter()
             .copied()
             .filter(|&d| {

@@ -175,8 +175,7 @@ impl Fabric {
     }
 
     fn tier(&self, a: usize, b: usize) -> usize {
-        let (da, db) = (&self.domains[a], &self.domains[b]);
-        (0..da.len()).find(|&l| da[l] == db[l]).unwrap_or(da.len())
+        uplink::tier(&self.domains, a, b)
     }
 
     /// What sendrecv between `a` and `b` measures.

@@ -309,7 +309,7 @@ pub fn run(
                 (ti, tier),
                 (&groups, &runnable, &runs),
                 topo,
-                (opts.slow_fraction, row.threshold),
+                &expect,
                 &mut known,
                 &lost,
                 dev.as_deref_mut(),
@@ -359,14 +359,12 @@ fn halve_short(
     (ti, tier): (usize, &str),
     (groups, runnable, runs): (&[Group], &[usize], &[Sweep]),
     topo: &Topology,
-    (slow_fraction, threshold): (f64, Option<f64>),
+    expect: &halve::Expectation,
     known: &mut Vec<Known>,
     lost: &Lost,
     mut dev: Option<&mut DeviceMem>,
     tolerant: bool,
 ) -> Result<Vec<Half>, Error> {
-    let figures: Vec<f64> = runs.iter().filter_map(last_busbw).collect();
-    let expect = halve::Expectation::new(&figures, threshold, slow_fraction);
     let Some(&largest) = plan.sizes.last() else {
         return Ok(Vec::new());
     };

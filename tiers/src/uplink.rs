@@ -51,7 +51,7 @@ impl Uplinks {
         self.candidates
             .iter()
             .copied()
-            .find(|&(l, id)| domains[x].get(l) == Some(&id))
+            .find(|&d| inside(domains, d, x))
     }
 }
 
@@ -63,11 +63,11 @@ pub fn tier(domains: &[Vec<u32>], a: usize, b: usize) -> usize {
 
 /// Whether pair `a`-`b` leaves domain `d`: one end inside, the other out.
 pub fn crosses(domains: &[Vec<u32>], (l, id): Domain, a: usize, b: usize) -> bool {
-    let inside = |x: usize| domains[x].get(l) == Some(&id);
-    inside(a) != inside(b)
+    inside(domains, (l, id), a) != inside(domains, (l, id), b)
 }
 
-fn inside(domains: &[Vec<u32>], (l, id): Domain, x: usize) -> bool {
+/// Whether node `x` lies in domain `d`.
+pub fn inside(domains: &[Vec<u32>], (l, id): Domain, x: usize) -> bool {
     domains[x].get(l) == Some(&id)
 }
 
