@@ -221,6 +221,36 @@ fn many_buffers_and_repeated_calls_stay_right() {
     assert_eq!(out, vec![0; 3]);
 }
 
+/// Out of place from 256 KiB a call streams its outputs past the cache, except where it
+/// writes the output the last call wrote and that still fits the core's L2: calls into one
+/// output, then into two in turn, with new inputs each time, are all right.
+#[test]
+fn repeated_out_of_place_calls_into_the_same_output_stay_right() {
+    let comms = thread_world(2, ThreadTransport::Inproc, config(true)).unwrap();
+    let n = comms.len();
+    let out = run_threads(comms, |comm| {
+        let (dtype, op) = (DataType::Float32, ReduceOp::Sum);
+        let count = 70_000;
+        let bytes = count * 4;
+        let rank = comm.rank();
+        let mut outs = [buffer(bytes, true), buffer(bytes, true)];
+        let mut want = HostBuffer::new(bytes).unwrap();
+        let mut bad = 0;
+        for call in 0..6u64 {
+            let mut input = buffer(bytes, true);
+            fill_input(dtype, op, input.as_mut_slice(), call, 0, rank, n);
+            fill_expected(dtype, op, want.as_mut_slice(), call, 0, n);
+            // Three calls into the first output, then the two outputs in turn.
+            let o = &mut outs[if call < 3 { 0 } else { (call % 2) as usize }];
+            let data = Data::out_of_place(input.as_slice(), o.as_mut_slice());
+            assert!(direct_all_reduce(comm, data, count, dtype, op).unwrap());
+            bad += count_wrong(dtype, op, o.as_slice(), want.as_slice());
+        }
+        bad
+    });
+    assert_eq!(out, vec![0; 2]);
+}
+
 /// Ranks that disagree about the count get an error naming the peer, not a hang, on both
 /// paths (through the mailboxes and through mapped buffers).
 #[test]

@@ -44,8 +44,15 @@ const WORDS: usize = 16;
 const CHUNK_BYTES: usize = 16 << 10;
 /// Out-of-place calls from this size on write their outputs with streaming stores: measured
 /// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1-1.3x at 128 KiB rotating, 1.4-2.3x from 256 KiB up,
-/// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce").
+/// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce"). On an
+/// Intel Xeon of 2026 (2 MiB L2) streaming is 1.05-1.09x slower from 256 KiB to 16 MiB, where
+/// the loop's buffers stay in its last-level cache, and 1.6x faster from 64 MiB: the cost is
+/// lopsided, so every such call streams. Choosing per size from the first calls' timings was
+/// tried and dropped: after a switch of store kind the cache takes more calls to settle than
+/// a benchmark's warm-up gives, and the trial picked the slow kind at 2 and 16 MiB.
 const STREAM_MIN_BYTES: usize = 256 << 10;
+/// A core's L2 where sysfs does not say: the smallest of current server cores'.
+const L2_GUESS: usize = 1 << 20;
 /// Slices start on cache lines, so that no two ranks write one line.
 const LINE: usize = 64;
 /// Channel of the exchanges: the ring's. Calls never overlap, so sharing it is safe.
@@ -80,6 +87,9 @@ pub(crate) struct Direct {
     why: Option<Fallback>,
     /// The small-message path's mailboxes, set up on the first small call.
     mail: Mail,
+    /// The last out-of-place call's output (address, bytes): written again at once, it is
+    /// still in this core's cache if small enough.
+    last_out: (usize, usize),
 }
 
 impl crate::link::Kept for Direct {
@@ -457,7 +467,17 @@ unsafe fn reduce_slice<T: Element>(
     // Out of place, the outputs are not read again by this call or (in a benchmark's loop)
     // the next: stream them past the cache from STREAM_MIN_BYTES on. In place, the output
     // is the next call's input, which streaming would evict (measured slower at every size).
-    let stream = !std::ptr::eq(inputs[me], outputs[me]) && count * esize >= STREAM_MIN_BYTES;
+    // Nor where this call writes the very output the last one wrote and all this rank reads
+    // and writes fits its L2: those lines are still there, and streaming would only send them
+    // to memory (the 2026 Xeon: 2x slower at 256 KiB so).
+    let bytes = count * esize;
+    let out = (outputs[me] as usize, bytes);
+    let oop = !std::ptr::eq(inputs[me], outputs[me]);
+    let resident = st.last_out == out && 2 * bytes <= l2_bytes();
+    let stream = oop && bytes >= STREAM_MIN_BYTES && !resident;
+    if oop {
+        st.last_out = out;
+    }
     let mut at = lo;
     while at < hi {
         let len = chunk.min(hi - at);
@@ -480,6 +500,30 @@ unsafe fn reduce_slice<T: Element>(
     if stream {
         store_fence();
     }
+}
+
+/// This core's L2, read once from sysfs (virtual machines report it as it is; the
+/// last-level cache they report can be their host's, or made up).
+fn l2_bytes() -> usize {
+    static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *L2.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
+            .ok()
+            .and_then(|t| parse_cache_size(&t))
+            .unwrap_or(L2_GUESS)
+    })
+}
+
+/// sysfs's cache size: `2048K`, `1M`, or bytes.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.as_bytes().last()? {
+        b'K' => (&t[..t.len() - 1], 1 << 10),
+        b'M' => (&t[..t.len() - 1], 1 << 20),
+        b'G' => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
 }
 
 /// `out` = every rank's input (`input(p)`) reduced in rank order, so that the bits do not
@@ -577,6 +621,16 @@ fn store_fence() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("524288"), Some(512 << 10));
+        assert_eq!(parse_cache_size("lots"), None);
+        assert_eq!(parse_cache_size(""), None);
+        assert!(l2_bytes() >= 64 << 10, "an L2 of {} bytes", l2_bytes());
+    }
 
     #[test]
     fn slices_cover_the_buffer_on_cache_lines() {
