@@ -23,23 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
 struct side {
     _Alignas(64) _Atomic uint64_t posted; /* exchanges whose data is in this side's mailbox */
     _Alignas(64) _Atomic uint64_t taken;  /* exchanges the peer has copied out */
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Shared between the two processes: per side its counters, then both mailboxes. */
 static struct side *sides;

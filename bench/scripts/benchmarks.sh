@@ -111,7 +111,7 @@ PEER[sweep-fidelity]="the same size alone, same binary, alternating"
 GOAL[algos]="auto within 1.10 of the fastest pinned algorithm at every size (issue 20, point 2)"
 PEER[algos]="ring, tree, rd (and direct on shm) pinned, same binary, rotating order"
 GOAL[roofline]="shm n=2: busbw >= 0.45 of one core's copy bandwidth and out of place within 1.1x of in place from 16 MiB; at most 1.25x the bare exchange up to 4 KiB (issue 40)"
-PEER[roofline]="memcpy (one core; two at once), the bare two-process shared-memory exchange, same run, alternating"
+PEER[roofline]="memcpy (one core; two at once), the bare two-process shared-memory exchange, the direct AllReduce's memory pattern without its protocol (reduce_pattern.c), same run, alternating"
 GOAL[cluster-iperf3]="busbw >= 0.98 of iperf3's goodput on the same 1 Gbit/s links"
 PEER[cluster-iperf3]="iperf3, one TCP stream, same run"
 GOAL[cluster-openmpi]="8 B faster than OpenMPI; 32 MiB >= 0.98 of iperf3"
@@ -283,14 +283,15 @@ t_roofline() {
     CMD[$t]="bench/scripts/roofline.sh --rounds $rounds"
     bash "$HERE/roofline.sh" --no-build --rounds "$rounds" >"$LOGS/$t.log" 2>&1
     local rc=$?
-    # | size | oop | ip | bound | oop/bound | ip/bound | busbw oop/copy1 | oop/ip | floor | oop/floor |
+    # | size | oop | ip | bound | oop/bound | ip/bound | busbw oop/copy1 | oop/ip | pattern oop |
+    #   pattern ip | pattern oop/ip | oop/pattern | ip/pattern | floor | oop/floor |
     FIG[$t]=$(awk -F'|' '
         function lab(b) { return b >= 1048576 ? b / 1048576 " MiB" : (b >= 1024 ? b / 1024 " KiB" : b " B") }
         /^copy, one core/ { copy = $0; sub(/^copy, one core: /, "", copy); sub(/;.*/, "", copy) }
-        $2 ~ /^ *[0-9]+ *$/ && NF >= 11 {
-            s = $2 + 0; c = $8 + 0; g = $9 + 0; f = $11 + 0
+        $2 ~ /^ *[0-9]+ *$/ && NF >= 16 {
+            s = $2 + 0; c = $8 + 0; g = $9 + 0; m = $12 + 0; f = $16 + 0
             if (s >= 16777216) {
-                big = big (big ? ", " : "") lab(s) " " c " of copy, oop/ip " g
+                big = big (big ? ", " : "") lab(s) " " c " of copy, oop/ip " g " (pattern " m ")"
                 if (c < 0.45 || g > 1.1) miss = 1
             } else if (s <= 4096) {
                 small = small (small ? ", " : "") lab(s) " " f

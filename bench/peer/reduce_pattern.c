@@ -1,0 +1,160 @@
+/*
+ * reduce_pattern.c - the direct AllReduce's memory traffic without its protocol: what the
+ * machine allows for each of busbw's columns (roofline.sh, issue 40).
+ *
+ * NP processes (forked here, each timed pass started together at a shared barrier) each do
+ * what one rank of the direct AllReduce of S bytes does to memory: read its slice (S/NP) of
+ * NP inputs, sum them 16 KiB at a time in an L1 buffer, and write the sum into its slice of
+ * NP outputs. Each process owns all its slices, so the job's footprint is busbw's (NP x S
+ * in place, 2 x NP x S out of place) with no peer mapping and no flags. As busbw's loop, a
+ * size below WINDOW bytes moves to the next of WINDOW / S positions each pass (busbw's
+ * --rotate; 0 keeps the buffers in place). Three ways to write:
+ *   ip      the outputs are the inputs (ordinary stores to lines just read)
+ *   stream  separate outputs, non-temporal stores (busbw's out of place from 256 KiB)
+ *   cached  separate outputs, ordinary stores (a read for ownership per line not cached)
+ * Each way runs as a benchmark loop does: untimed passes until the cache settles (two, or
+ * one round of the positions, at most 256), then REPS timed. Prints the median over passes of the slowest
+ * process, in microseconds:
+ *   pattern  bytes  ip_us  stream_us  cached_us
+ *
+ * Usage: reduce_pattern NP REPS WINDOW SIZE...   (bytes; SIZE the AllReduce's)
+ * Build: cc -O3 -march=native -o reduce_pattern bench/peer/reduce_pattern.c -lpthread
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+
+#define CHUNK 4096 /* floats: 16 KiB, busbw's chunk */
+#define MAXNP 64
+#define MAXREPS 1000
+
+struct shared {
+    pthread_barrier_t bar;
+    double secs[3][MAXREPS][MAXNP];
+};
+
+static void *region(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("reduce_pattern: mmap");
+        exit(1);
+    }
+    memset(p, 1, bytes);
+    return p;
+}
+
+static void store(float *dst, const float *src, size_t n, int stream)
+{
+    size_t i = 0;
+#ifdef __AVX512F__
+    if (stream) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_stream_ps(dst + i, _mm512_load_ps(src + i));
+    }
+#else
+    if (stream) {
+        for (; i + 4 <= n; i += 4)
+            _mm_stream_ps(dst + i, _mm_load_ps(src + i));
+    }
+#endif
+    memcpy(dst + i, src + i, (n - i) * sizeof(float));
+}
+
+/* One rank's pass: its slice of `np` inputs summed into its slice of `np` outputs. */
+static void pass(float **in, float **out, int np, size_t per, int stream)
+{
+    static float acc[CHUNK] __attribute__((aligned(64)));
+    for (size_t at = 0; at < per; at += CHUNK) {
+        size_t len = per - at < CHUNK ? per - at : CHUNK;
+        for (size_t i = 0; i < len; i++)
+            acc[i] = in[0][at + i] + in[1][at + i];
+        for (int p = 2; p < np; p++)
+            for (size_t i = 0; i < len; i++)
+                acc[i] += in[p][at + i];
+        for (int p = 0; p < np; p++)
+            store(out[p] + at, acc, len, stream);
+    }
+    _mm_sfence();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: reduce_pattern NP REPS WINDOW SIZE...\n");
+        return 2;
+    }
+    int np = atoi(argv[1]), reps = atoi(argv[2]);
+    size_t window = strtoull(argv[3], NULL, 10);
+    if (np < 2 || np > MAXNP || reps < 1 || reps > MAXREPS) {
+        fprintf(stderr, "reduce_pattern: NP in 2..%d, REPS in 1..%d\n", MAXNP, MAXREPS);
+        return 2;
+    }
+    struct shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        perror("reduce_pattern: mmap");
+        return 1;
+    }
+    pthread_barrierattr_t attr;
+    pthread_barrierattr_init(&attr);
+    pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sh->bar, &attr, np);
+    for (int a = 4; a < argc; a++) {
+        size_t bytes = strtoull(argv[a], NULL, 10);
+        /* Whole 64-byte lines per slice, as busbw's slices. */
+        size_t per = ((bytes / sizeof(float) + np - 1) / np + 15) / 16 * 16;
+        size_t positions = bytes && window / bytes > 1 ? window / bytes : 1;
+        for (int r = 0; r < np; r++) {
+            if (fork() == 0) {
+                float *in[MAXNP], *out[MAXNP];
+                for (int p = 0; p < np; p++) {
+                    in[p] = region(positions * per * sizeof(float));
+                    out[p] = region(positions * per * sizeof(float));
+                }
+                for (int way = 0; way < 3; way++) {
+                    int warm = positions > 256 ? 256 : positions < 2 ? 2 : (int)positions;
+                    for (int rep = -warm; rep < reps; rep++) {
+                        pthread_barrier_wait(&sh->bar);
+                        double t = now();
+                        size_t at = (size_t)(rep + warm) % positions * per;
+                        float *i[MAXNP], *o[MAXNP];
+                        for (int p = 0; p < np; p++) {
+                            i[p] = in[p] + at;
+                            o[p] = (way == 0 ? in[p] : out[p]) + at;
+                        }
+                        pass(i, o, np, per, way == 1);
+                        double dt = now() - t;
+                        if (rep >= 0)
+                            sh->secs[way][rep][r] = dt;
+                    }
+                }
+                _exit(0);
+            }
+        }
+        for (int r = 0; r < np; r++)
+            wait(NULL);
+        double med[3];
+        for (int way = 0; way < 3; way++) {
+            double slowest[MAXREPS];
+            for (int rep = 0; rep < reps; rep++) {
+                slowest[rep] = 0;
+                for (int r = 0; r < np; r++)
+                    if (sh->secs[way][rep][r] > slowest[rep])
+                        slowest[rep] = sh->secs[way][rep][r];
+            }
+            qsort(slowest, reps, sizeof(double), cmp);
+            med[way] = slowest[reps / 2] * 1e6;
+        }
+        printf("pattern %zu %.2f %.2f %.2f\n", bytes, med[0], med[1], med[2]);
+        fflush(stdout);
+    }
+    return 0;
+}
