@@ -6,18 +6,17 @@
  * what one rank of the direct AllReduce of S bytes does to memory: read its slice (S/NP) of
  * NP inputs, sum them 16 KiB at a time in an L1 buffer, and write the sum into its slice of
  * NP outputs. Each process owns all its slices, so the job's footprint is busbw's (NP x S
- * in place, 2 x NP x S out of place) with no peer mapping and no flags. As busbw's loop, a
- * size below WINDOW bytes moves to the next of WINDOW / S positions each pass (busbw's
- * --rotate; 0 keeps the buffers in place). Three ways to write:
+ * in place, 2 x NP x S out of place) with no peer mapping and no flags, and the same buffers
+ * every pass (busbw's --rotate 0). Three ways to write:
  *   ip      the outputs are the inputs (ordinary stores to lines just read)
  *   stream  separate outputs, non-temporal stores (busbw's out of place from 256 KiB)
  *   cached  separate outputs, ordinary stores (a read for ownership per line not cached)
- * Each way runs as a benchmark loop does: untimed passes until the cache settles (two, or
- * one round of the positions, at most 256), then REPS timed. Prints the median over passes of the slowest
+ * Each way runs as a benchmark loop does: two untimed passes (the cache settles), then REPS
+ * timed. Prints the median over passes of the slowest
  * process, in microseconds:
  *   pattern  bytes  ip_us  stream_us  cached_us
  *
- * Usage: reduce_pattern NP REPS WINDOW SIZE...   (bytes; SIZE the AllReduce's)
+ * Usage: reduce_pattern NP REPS SIZE...   (SIZE in bytes, the AllReduce's)
  * Build: cc -O3 -march=native -o reduce_pattern bench/peer/reduce_pattern.c -lpthread
  */
 #include <immintrin.h>
@@ -88,12 +87,11 @@ static void pass(float **in, float **out, int np, size_t per, int stream)
 
 int main(int argc, char **argv)
 {
-    if (argc < 5) {
-        fprintf(stderr, "usage: reduce_pattern NP REPS WINDOW SIZE...\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: reduce_pattern NP REPS SIZE...\n");
         return 2;
     }
     int np = atoi(argv[1]), reps = atoi(argv[2]);
-    size_t window = strtoull(argv[3], NULL, 10);
     if (np < 2 || np > MAXNP || reps < 1 || reps > MAXREPS) {
         fprintf(stderr, "reduce_pattern: NP in 2..%d, REPS in 1..%d\n", MAXNP, MAXREPS);
         return 2;
@@ -107,30 +105,22 @@ int main(int argc, char **argv)
     pthread_barrierattr_init(&attr);
     pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
     pthread_barrier_init(&sh->bar, &attr, np);
-    for (int a = 4; a < argc; a++) {
+    for (int a = 3; a < argc; a++) {
         size_t bytes = strtoull(argv[a], NULL, 10);
         /* Whole 64-byte lines per slice, as busbw's slices. */
         size_t per = ((bytes / sizeof(float) + np - 1) / np + 15) / 16 * 16;
-        size_t positions = bytes && window / bytes > 1 ? window / bytes : 1;
         for (int r = 0; r < np; r++) {
             if (fork() == 0) {
                 float *in[MAXNP], *out[MAXNP];
                 for (int p = 0; p < np; p++) {
-                    in[p] = region(positions * per * sizeof(float));
-                    out[p] = region(positions * per * sizeof(float));
+                    in[p] = region(per * sizeof(float));
+                    out[p] = region(per * sizeof(float));
                 }
                 for (int way = 0; way < 3; way++) {
-                    int warm = positions > 256 ? 256 : positions < 2 ? 2 : (int)positions;
-                    for (int rep = -warm; rep < reps; rep++) {
+                    for (int rep = -2; rep < reps; rep++) {
                         pthread_barrier_wait(&sh->bar);
                         double t = now();
-                        size_t at = (size_t)(rep + warm) % positions * per;
-                        float *i[MAXNP], *o[MAXNP];
-                        for (int p = 0; p < np; p++) {
-                            i[p] = in[p] + at;
-                            o[p] = (way == 0 ? in[p] : out[p]) + at;
-                        }
-                        pass(i, o, np, per, way == 1);
+                        pass(in, way == 0 ? in : out, np, per, way == 1);
                         double dt = now() - t;
                         if (rep >= 0)
                             sh->secs[way][rep][r] = dt;

@@ -17,8 +17,9 @@
 #              every node outside it and back); only with --cases, not by default
 # Each trial runs the gate on every node at `-b 16M -e 16M -n 3 --budget BUDGET` and reads
 # rank 0's JSON report. A trial is exact when the verdict names the fault and nothing else
-# (slow node, slow link, straggler, unreachable node or slow uplink; nothing for healthy). Prints a line per trial and per
-# case: exact trials, median and slowest time to the verdict (all ranks exited). Needs root.
+# (slow node, slow link, straggler, unreachable node or slow uplink; nothing for healthy).
+# Prints a line per trial and per case: exact trials, median and slowest time to the verdict
+# (all ranks exited). Needs root.
 #
 #   bench/scripts/gate-trials.sh [--trials 10] [--cases "node link straggler healthy hung"]
 #       [--nodes 8] [--rate 1gbit] [--slow 300mbit] [--flap 0.5,0.5] [--budget 30s]
@@ -52,7 +53,7 @@ while (($#)); do
     --seed) SEED=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "gate-trials.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done

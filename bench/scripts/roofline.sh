@@ -63,7 +63,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     # No rotation, as busbw's runs below. Below 32 KiB a call is its protocol, judged against
     # the exchange floor instead.
     # shellcheck disable=SC2046 # one argument per size
-    "$OUT/reduce_pattern" "$NP" 9 0 $(for s in $SIZES; do b=$(bytes "$s"); ((b < 32768)) || echo "$b"; done) >>"$LOG"
+    "$OUT/reduce_pattern" "$NP" 9 $(for s in $SIZES; do b=$(bytes "$s"); ((b < 32768)) || echo "$b"; done) >>"$LOG"
     for s in $SIZES; do
         b=$(bytes "$s")
         iters=$((b <= 65536 ? 2000 : b <= 4194304 ? 100 : 10))
@@ -95,9 +95,9 @@ END {
         s = order[i]; o = median("busbw " s " oop"); p = median("busbw " s " ip")
         bound = s / (cn * 1e3)
         busbw = s / (o * 1e3) * 2 * (np - 1) / np
+        line = sprintf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", s, o, p, bound, bound / o, bound / p, busbw / c1, o / p)
         po = median("poop " s); pi = median("pip " s)
-        if (pi == 0) { line = sprintf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | - | - | - | - | - |", s, o, p, bound, bound / o, bound / p, busbw / c1, o / p) } else
-        line = sprintf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", s, o, p, bound, bound / o, bound / p, busbw / c1, o / p, po, pi, pi > 0 ? po / pi : 0, po > 0 ? o / po : 0, pi > 0 ? p / pi : 0)
+        line = line (pi > 0 ? sprintf(" %.2f | %.2f | %.2f | %.2f | %.2f |", po, pi, po / pi, o / po, p / pi) : " - | - | - | - | - |")
         if (np == 2) { f = median("floor " s); line = line sprintf(" %.3f | %.2f |", f, f > 0 ? o / f : 0) }
         print line
     }

@@ -47,7 +47,9 @@ const CHUNK_BYTES: usize = 16 << 10;
 /// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce"). On an
 /// Intel Xeon of 2026 (2 MiB L2) streaming is 1.05-1.09x slower from 256 KiB to 16 MiB, where
 /// the loop's buffers stay in its last-level cache, and 1.6x faster from 64 MiB: the cost is
-/// lopsided, so every such call streams. Choosing per size from the first calls' timings was
+/// lopsided, so such calls stream unless their output is known to be cached (a call that
+/// rewrites the last call's output inside the L2, [`reduce_slice`]). Choosing per size from
+/// the first calls' timings was
 /// tried and dropped: after a switch of store kind the cache takes more calls to settle than
 /// a benchmark's warm-up gives, and the trial picked the slow kind at 2 and 16 MiB.
 const STREAM_MIN_BYTES: usize = 256 << 10;
