@@ -170,14 +170,18 @@ pub fn alltoallv(
     send_bytes: &[usize],
     recv_bytes: &[usize],
 ) -> Result<(), CommError> {
+    check_sizes(comm, send_bytes, recv_bytes)?;
+    let Some(data) = peer::offer(comm, data, Call::varying(send_bytes, recv_bytes))? else {
+        return Ok(());
+    };
     host_only(comm, data, "alltoallv", |comm, data| {
         alltoallv_host(comm, data, send_bytes, recv_bytes)
     })
 }
 
-fn alltoallv_host(
-    comm: &mut Communicator,
-    data: Data<'_>,
+/// A rank's own sizes: one per rank, and what it sends itself what it expects.
+fn check_sizes(
+    comm: &Communicator,
     send_bytes: &[usize],
     recv_bytes: &[usize],
 ) -> Result<(), CommError> {
@@ -195,6 +199,17 @@ fn alltoallv_host(
             send_bytes[r], recv_bytes[r]
         )));
     }
+    Ok(())
+}
+
+fn alltoallv_host(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    send_bytes: &[usize],
+    recv_bytes: &[usize],
+) -> Result<(), CommError> {
+    // (Sizes checked by the caller: `alltoallv`, or AlltoAll's equal blocks.)
+    let (n, r) = (comm.size(), comm.rank());
     let offsets = |sizes: &[usize]| -> Vec<usize> {
         sizes
             .iter()

@@ -9,8 +9,8 @@ use busbw_collectives::algorithms::peer;
 use busbw_collectives::offload::sim::{Counts, SimDevice};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::{
-    all_reduce, barrier, gather, CommConfig, Communicator, Data, DataType, MemorySpace, Mirror,
-    Offload, ReduceOp,
+    all_reduce, alltoallv, barrier, gather, CommConfig, Communicator, Data, DataType, MemorySpace,
+    Mirror, Offload, ReduceOp,
 };
 use std::time::Duration;
 
@@ -371,5 +371,116 @@ fn a_failed_open_fails_every_rank_at_once_naming_who() {
     );
     for e in [&res[0], &res[2]] {
         assert!(e.contains("rank 1 failed on peer memory"), "{e}");
+    }
+}
+
+/// Bytes rank `i` sends rank `j` in the AlltoAllv tests: irregular, zeros included.
+fn v_size(i: usize, j: usize) -> usize {
+    ((i * 3 + j * 5) % 7) * 24
+}
+
+fn v_byte(i: usize, j: usize, k: usize) -> u8 {
+    (i * 64 + j * 16 + k % 13) as u8
+}
+
+/// One rank's AlltoAllv on a simulated device in IPC mode, sending `sends` and expecting
+/// `recvs`: what its device's output holds after the call, its counts, and the call's
+/// result.
+fn alltoallv_on(
+    comm: &mut Communicator,
+    sends: &[usize],
+    recvs: &[usize],
+    in_place: bool,
+) -> (Result<(), String>, Vec<u8>, Counts) {
+    let me = comm.rank();
+    let mut sim = SimDevice::new(Duration::from_micros(5), me as u64).ipc(0);
+    let mut input = Vec::new();
+    for (j, &s) in sends.iter().enumerate() {
+        input.extend((0..s).map(|k| v_byte(me, j, k)));
+    }
+    let (stotal, rtotal) = (input.len(), recvs.iter().sum::<usize>());
+    let bytes = stotal.max(rtotal).max(8);
+    let (mut send, mut recv) = (vec![0u8; bytes], vec![0u8; bytes]);
+    let (ds, dr) = (sim.alloc(bytes).unwrap(), sim.alloc(bytes).unwrap());
+    sim.write(ds, &input).unwrap();
+    sim.write(dr, &vec![0xee; bytes]).unwrap();
+    if in_place {
+        sim.write(dr, &input).unwrap();
+    }
+    let mirrors = [(&mut send, ds), (&mut recv, dr)].map(|(t, d)| Mirror {
+        host: t.as_mut_ptr(),
+        device: d,
+        len: bytes,
+    });
+    sim.set_mirrors(mirrors.to_vec()).unwrap();
+    let d = if in_place {
+        Data::in_place(&mut recv)
+    } else {
+        Data::out_of_place(&send, &mut recv)
+    };
+    let res = alltoallv(comm, d.on(MemorySpace::Device(&mut sim)), sends, recvs);
+    let got = sim.read(dr, rtotal).unwrap();
+    (res.map_err(|e| e.to_string()), got, sim.counts())
+}
+
+/// AlltoAllv with irregular sizes (zeros included) on 2, 3 and 4 ranks, in and out of place,
+/// runs GPU to GPU: every block lands at its sender's offset, nothing is staged.
+#[test]
+fn alltoallv_runs_gpu_to_gpu_with_irregular_sizes() {
+    for n in [2usize, 3, 4] {
+        for in_place in [false, true] {
+            let res = run_threads(peer_world(n, true), |comm| {
+                let me = comm.rank();
+                let sends: Vec<usize> = (0..n).map(|j| v_size(me, j)).collect();
+                let recvs: Vec<usize> = (0..n).map(|j| v_size(j, me)).collect();
+                let (res, got, k) = alltoallv_on(comm, &sends, &recvs, in_place);
+                let (ran, staged, _) = peer::tally(comm);
+                (me, recvs, res, got, k, (ran, staged))
+            });
+            for (me, recvs, res, got, k, tally) in res {
+                let case = format!("n={n} in place {in_place} rank {me}");
+                res.unwrap();
+                let mut at = 0;
+                for (j, &len) in recvs.iter().enumerate() {
+                    let want: Vec<u8> = (0..len).map(|b| v_byte(j, me, b)).collect();
+                    assert_eq!(got[at..at + len], want[..], "{case}: block from {j}");
+                    at += len;
+                }
+                assert_eq!((k.downloads, k.uploads), (0, 0), "{case}: staged: {k:?}");
+                assert!(k.peer_opens > 0 && k.device_copies > 0, "{case}: {k:?}");
+                assert_eq!((tally.0, tally.1), (1, 0), "{case}: not counted GPU to GPU");
+            }
+        }
+    }
+}
+
+/// Sizes that disagree (rank 2 expects fewer bytes from rank 0 than rank 0 sends it) fail
+/// on every rank at once: the rank that found it names the sender and both sizes, the
+/// others name that rank.
+#[test]
+fn alltoallv_sizes_that_disagree_fail_every_rank_naming_who() {
+    let n = 3;
+    let started = std::time::Instant::now();
+    let res = run_threads(peer_world(n, true), |comm| {
+        let me = comm.rank();
+        let sends: Vec<usize> = (0..n).map(|j| v_size(me, j)).collect();
+        let mut recvs: Vec<usize> = (0..n).map(|j| v_size(j, me)).collect();
+        if me == 2 {
+            recvs[0] -= 8;
+        }
+        alltoallv_on(comm, &sends, &recvs, false).0.unwrap_err()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited for a timeout"
+    );
+    let want = format!(
+        "rank 0 sends {} bytes to rank 2, which expects {}",
+        v_size(0, 2),
+        v_size(0, 2) - 8
+    );
+    assert!(res[2].contains(&want), "{}", res[2]);
+    for e in [&res[0], &res[1]] {
+        assert!(e.contains("rank 2 failed on peer memory"), "{e}");
     }
 }

@@ -295,8 +295,22 @@ pub(crate) unsafe fn all_to_all<E: Copy>(
     items: &mut [E],
     name: &'static str,
 ) -> Result<(), CommError> {
+    all_to_all_rows(comm, items, 1, name)
+}
+
+/// [`all_to_all`] with a row of `per` entries per rank: rows `me` goes to every peer and
+/// row `p` comes from each.
+///
+/// # Safety
+/// `items` has `per` entries per rank.
+pub(crate) unsafe fn all_to_all_rows<E: Copy>(
+    comm: &mut Communicator,
+    items: &mut [E],
+    per: usize,
+    name: &'static str,
+) -> Result<(), CommError> {
     let (me, n) = (comm.rank(), comm.size());
-    let size = std::mem::size_of::<E>();
+    let size = std::mem::size_of::<E>() * per;
     let base = items.as_mut_ptr() as *mut u8;
     let mut xfers: SmallVec<[Xfer; 16]> = SmallVec::new();
     for p in (0..n).filter(|&p| p != me) {

@@ -14,8 +14,10 @@
 //! Exchanges over the communicator's connections order each call, as in
 //! [`crate::algorithms::direct`]: the handles themselves (each rank has entered the call
 //! and its device has finished writing its input), a middle one when a rank's output is
-//! some peer's input still to be read (AlltoAll and SendRecv in place), and a final one
+//! some peer's input still to be read (AlltoAll, AlltoAllv and SendRecv in place), and a final one
 //! (every rank has finished reading and writing the others' buffers, so each may return).
+//! AlltoAllv adds one exchange after the handles: every rank's sizes per peer, from which
+//! each finds its block in every peer's send buffer and checks it is the size it expects.
 //! Every rank waits for its own device before each exchange.
 //!
 //! Whether the path applies is agreed once per communicator, on its first call with device
@@ -25,7 +27,7 @@
 //! line (rank 0 prints it). Nothing is guessed from addresses: the data's
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
 
-use crate::algorithms::direct::{all_to_all, slice, Agreed};
+use crate::algorithms::direct::{all_to_all, all_to_all_rows, slice, Agreed};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::data::{bytes_of, Data};
 use crate::engine::space::MemorySpace;
@@ -50,6 +52,7 @@ pub(crate) enum Kind {
     AllGather,
     Broadcast,
     Alltoall,
+    Alltoallv,
     Scatter,
     Gather,
     SendRecv,
@@ -70,19 +73,33 @@ impl Kind {
 
 /// One collective call as the peer path sees it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Call {
+pub(crate) struct Call<'v> {
     pub kind: Kind,
     pub name: &'static str,
     pub count: usize,
     pub dtype: DataType,
     pub op: ReduceOp,
     pub root: usize,
+    /// AlltoAllv's bytes to and from each rank (empty for the other kinds).
+    pub sends: &'v [usize],
+    pub recvs: &'v [usize],
 }
 
-impl Call {
+impl<'v> Call<'v> {
     /// A call that moves data only.
-    pub fn moving(kind: Kind, name: &'static str, count: usize, dtype: DataType) -> Call {
+    pub fn moving(kind: Kind, name: &'static str, count: usize, dtype: DataType) -> Call<'v> {
         Call::reducing(kind, name, count, dtype, ReduceOp::Sum)
+    }
+
+    /// AlltoAllv: `sends[j]` bytes to rank j, `recvs[j]` from it, blocks back to back in
+    /// rank order. Its count is a placeholder every rank shares, so that all take this path
+    /// together even where one moves nothing.
+    pub fn varying(sends: &'v [usize], recvs: &'v [usize]) -> Call<'v> {
+        Call {
+            sends,
+            recvs,
+            ..Call::moving(Kind::Alltoallv, "alltoallv", 1, DataType::Uint8)
+        }
     }
 
     /// A call that reduces with `op`.
@@ -92,7 +109,7 @@ impl Call {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-    ) -> Call {
+    ) -> Call<'v> {
         Call {
             kind,
             name,
@@ -100,11 +117,13 @@ impl Call {
             dtype,
             op,
             root: 0,
+            sends: &[],
+            recvs: &[],
         }
     }
 
     /// The same call with a root.
-    pub fn at(self, root: usize) -> Call {
+    pub fn at(self, root: usize) -> Call<'v> {
         Call { root, ..self }
     }
 }
@@ -118,6 +137,8 @@ pub(crate) struct Peers {
     /// the old mappings are closed.
     keys: Vec<[u64; 10]>,
     descs: Vec<[u64; WORDS]>,
+    /// AlltoAllv: row p is the bytes rank p sends to each rank.
+    rows: Vec<u64>,
     flags: Vec<u8>,
     ran: u64,
     staged: u64,
@@ -178,7 +199,7 @@ pub fn release(comm: &mut Communicator, device: &mut dyn Offload) -> Result<(), 
 pub(crate) fn offer<'a>(
     comm: &mut Communicator,
     mut data: Data<'a>,
-    call: Call,
+    call: Call<'_>,
 ) -> Result<Option<Data<'a>>, CommError> {
     if data.on_host() {
         return Ok(Some(data));
@@ -221,7 +242,7 @@ pub(crate) fn offer<'a>(
 
 /// (send bytes, receive bytes, (input offset, output offset) in an in-place buffer) of rank
 /// `me`, the same as the host path's of each collective.
-fn layout(c: Call, n: usize, me: usize, kb: usize) -> (usize, usize, (usize, usize)) {
+fn layout(c: Call<'_>, n: usize, me: usize, kb: usize) -> (usize, usize, (usize, usize)) {
     let root = me == c.root;
     match c.kind {
         Kind::AllReduce | Kind::Reduce | Kind::Broadcast | Kind::SendRecv => (kb, kb, (0, 0)),
@@ -230,6 +251,7 @@ fn layout(c: Call, n: usize, me: usize, kb: usize) -> (usize, usize, (usize, usi
         Kind::AllGather | Kind::HyperCube => (kb, n * kb, (me * kb, 0)),
         Kind::Gather => (kb, if root { n * kb } else { 0 }, (me * kb, 0)),
         Kind::Alltoall => (n * kb, n * kb, (0, 0)),
+        Kind::Alltoallv => (c.sends.iter().sum(), c.recvs.iter().sum(), (0, 0)),
     }
 }
 
@@ -338,7 +360,7 @@ unsafe fn run(
     comm: &mut Communicator,
     st: &mut Peers,
     d: &mut dyn Offload,
-    c: &Call,
+    c: &Call<'_>,
     (src, sb): (*const u8, usize),
     (dst, rb): (*mut u8, usize),
     in_place: bool,
@@ -362,6 +384,7 @@ unsafe fn run(
         }
         Kind::ReduceScatter | Kind::SendRecv => kb,
         Kind::Alltoall => n * kb,
+        Kind::Alltoallv => rb,
         _ => 0,
     };
     let acc_host = if acc_bytes > 0 {
@@ -470,6 +493,21 @@ unsafe fn run(
         r.dst.push(t);
     }
 
+    if c.kind == Kind::Alltoallv {
+        st.rows.clear();
+        st.rows.resize(n * n, 0);
+        for (row, &s) in st.rows[me * n..(me + 1) * n].iter_mut().zip(c.sends) {
+            *row = s as u64;
+        }
+        all_to_all_rows(comm, &mut st.rows, n, "alltoallv: trading sizes")?;
+        if let Some(p) = (0..n).find(|&p| st.rows[p * n + me] != c.recvs[p] as u64) {
+            failed.get_or_insert(format!(
+                "rank {p} sends {} bytes to rank {me}, which expects {}",
+                st.rows[p * n + me],
+                c.recvs[p]
+            ));
+        }
+    }
     let note = |res: Result<(), OffloadError>, failed: &mut Option<String>| {
         if let Err(e) = res {
             failed.get_or_insert(e.to_string());
@@ -482,11 +520,12 @@ unsafe fn run(
         kb,
         acc,
         any_in_place,
+        rows: &st.rows,
     };
     if failed.is_none() {
         note(pull(d, &ctx, &r), &mut failed);
     }
-    if any_in_place && matches!(c.kind, Kind::Alltoall | Kind::SendRecv) {
+    if any_in_place && matches!(c.kind, Kind::Alltoall | Kind::Alltoallv | Kind::SendRecv) {
         // Our output is a peer's input: every rank has read what it needs first.
         note(d.sync(), &mut failed);
         if let Some(p) = fence(comm, st, failed.is_none(), "peer memory: read")? {
@@ -537,13 +576,15 @@ fn fence(
 
 /// What one rank's share of the work needs to know.
 struct Ctx<'c> {
-    c: &'c Call,
+    c: &'c Call<'c>,
     n: usize,
     me: usize,
     kb: usize,
     /// Device scratch of this call (reductions' results, in-place AlltoAll and SendRecv).
     acc: u64,
     any_in_place: bool,
+    /// AlltoAllv's sizes (`Peers::rows`).
+    rows: &'c [u64],
 }
 
 /// Issues this rank's reads of its peers' memory: reductions of the slices it owns and
@@ -603,6 +644,17 @@ fn pull(d: &mut dyn Offload, x: &Ctx, r: &Ranges) -> Result<(), OffloadError> {
         Kind::SendRecv => {
             let to = if x.any_in_place { acc } else { r.dst[me] };
             copy(d, to, r.src[(me + n - 1) % n], kb)?;
+        }
+        Kind::Alltoallv => {
+            let to = if x.any_in_place { acc } else { r.dst[me] };
+            let mut at = 0u64;
+            for p in 0..n {
+                // Our block in p's send buffer follows its blocks for the ranks before us.
+                let row = &x.rows[p * n..(p + 1) * n];
+                let from = r.src[p] + row[..me].iter().sum::<u64>();
+                copy(d, to + at, from, c.recvs[p])?;
+                at += c.recvs[p] as u64;
+            }
         }
     }
     Ok(())
