@@ -374,9 +374,12 @@ fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
 }
 
 /// `-g`: this rank's device, on the engine the plan names, and the header's `Data path`
-/// line (rank 0 also prints it). `None` for host memory.
+/// line (rank 0 also prints it). `None` for host memory. A job of several hosts on busbw's
+/// own engine first gets its node and rail communicators (`busbw_job::hosts`), so that a
+/// host's device bytes go GPU to GPU; a split job's groups do not (they stage across hosts).
 pub(crate) fn open_device(
     session: &mut Session,
+    (world, opts): (&World, &JoinOptions),
     plan: &Plan,
     slot: Slot,
     split: Option<&SplitGroup>,
@@ -388,14 +391,23 @@ pub(crate) fn open_device(
             Ok((Some(d), Some(path)))
         }
         _ => {
+            let rank = session.comm.rank();
             let mut d = DeviceMem::open(slot)
-                .with_context(|| format!("rank {} opening its CUDA device", session.comm.rank()))?;
+                .with_context(|| format!("rank {rank} opening its CUDA device"))?;
             session.publish_gpu(&d.line(), plan.timeout)?;
-            let path = format!(
+            let unsplit = match split {
+                None => busbw_job::hosts::give_hierarchy(session, world, opts, plan)
+                    .with_context(|| format!("rank {rank} splitting the job by host and rail"))?,
+                Some(_) => None,
+            };
+            let mut path = format!(
                 "{} ({})",
                 d.choose_path(&mut session.comm)?,
                 session.transport_name
             );
+            if let Some(why) = unsplit {
+                path += &format!("; not split by host: {why}");
+            }
             if session.comm.rank() == 0 {
                 eprintln!("busbw: device buffers: {path}");
             }
@@ -513,7 +525,8 @@ fn sweep(
         table.exports = exports::for_run(&args.report, plan, session, &mut table.table)?;
     }
     // -g: open this rank's device before the header, which names every rank's GPU.
-    let (mut dev, data_path) = open_device(session, plan, slot, split.as_ref())?;
+    let opts = join_options(args);
+    let (mut dev, data_path) = open_device(session, (world, &opts), plan, slot, split.as_ref())?;
     if let (Some(g), Some(s)) = (&split, plan.split) {
         for d in &mut session.devices {
             d.group = s.color(d.rank / plan.ranks_per_process().max(1));
@@ -536,7 +549,7 @@ fn sweep(
     // A group's own communicator; under NCCL it carries the harness's barriers and times,
     // and the data goes on NCCL's split of the job (nccl_device).
     let mut group_comm = match &split {
-        Some(g) => Some(g.communicator(session, world, &join_options(args), plan)?),
+        Some(g) => Some(g.communicator(session, world, &opts, plan)?),
         None => None,
     };
     // The debugging faults name world ranks; the group's harness numbers its own.

@@ -288,7 +288,8 @@ fn run(session: &mut Session, plan: &Plan, world: &World, opts: &Options) -> Res
     // sweep on it too, GPU to GPU inside a host where the devices allow it, or on NCCL's
     // split of the job under --engine nccl.
     let slot = busbw_job::threads::slot(world.local_rank, 1, plan.gpus as usize);
-    let (mut dev, data_path) = crate::perf::open_device(session, plan, slot, None)?;
+    let (mut dev, data_path) =
+        crate::perf::open_device(session, (world, &opts.join), plan, slot, None)?;
     let mut table = TextTable::new(std::io::stdout().lock());
     let mut exports = None;
     if rank0 {

@@ -9,6 +9,7 @@
 
 pub mod diagnose;
 mod error;
+pub mod hosts;
 pub mod nccl;
 mod session;
 pub mod signals;

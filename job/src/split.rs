@@ -7,7 +7,6 @@ use busbw_collectives::Communicator;
 use busbw_launchers::World;
 use busbw_measure::plan::Split;
 use busbw_measure::Plan;
-use std::sync::Arc;
 
 /// `NCCL_TESTS_SPLIT`: the groups of a job of `n` ranks, as (color, members) in order of
 /// color; each rank's process is its rank divided by the ranks per process, as nccl-tests
@@ -49,19 +48,7 @@ impl SplitGroup {
         opts: &JoinOptions,
         plan: &Plan,
     ) -> Result<Communicator> {
-        let store = match &session.rdv {
-            Some(r) => r.store.clone(),
-            None => Arc::new(busbw_launchers::MemoryStore::new()),
-        };
-        let factory = crate::transport::group_factory(
-            world,
-            store,
-            opts,
-            plan.transport,
-            plan.timeout,
-            session.abort.clone(),
-            plan.gpus > 0,
-        )?;
+        let factory = crate::transport::session_factory(session, world, opts, plan)?;
         let nodes: Vec<usize> = self
             .members()
             .iter()

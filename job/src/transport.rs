@@ -160,6 +160,29 @@ pub fn group_factory(
     .map_peers(map_peers))
 }
 
+/// [`group_factory`] for a joined session's plan: the session's store (a store of its own
+/// for a job without one), its abort, the plan's transport, timeout and buffers.
+pub fn session_factory(
+    session: &crate::Session,
+    world: &World,
+    opts: &JoinOptions,
+    plan: &busbw_measure::Plan,
+) -> Result<Factory> {
+    let store: Arc<dyn Store> = match &session.rdv {
+        Some(r) => r.store.clone(),
+        None => Arc::new(busbw_launchers::MemoryStore::new()),
+    };
+    group_factory(
+        world,
+        store,
+        opts,
+        plan.transport,
+        plan.timeout,
+        session.abort.clone(),
+        plan.gpus > 0,
+    )
+}
+
 /// `NCCL_IB_*` from the environment, `--ib-hca` (which clap also fills from `NCCL_IB_HCA`).
 pub fn config(
     ib_hca: Option<&str>,

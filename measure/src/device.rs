@@ -576,12 +576,58 @@ mod imp {
         /// this at the same point; else GPUDirect RDMA where the NIC registers device memory,
         /// else staged through the twins), tells the offload, and returns the line rank 0
         /// prints, with why device data is not moved GPU to GPU.
+        /// The path line of a job split by host and rail (`peer::Hierarchy`): whether this
+        /// host's ranks agreed to go GPU to GPU (`local`: why not), and how many hosts did.
+        fn across_hosts(
+            &mut self,
+            comm: &mut Communicator,
+            rail_line: &str,
+            local: Option<String>,
+        ) -> Result<String> {
+            let mut agreed = [u32::from(local.is_none()), 1];
+            busbw_collectives::all_reduce_values(
+                comm,
+                &mut agreed,
+                busbw_collectives::ReduceOp::Sum,
+            )
+            .context("counting the hosts whose GPUs talk directly")?;
+            let [ok, hosts] = agreed;
+            let inside =
+                if ok == hosts {
+                    format!(
+                    "GPU to GPU between the ranks of each of the {hosts} hosts (CUDA IPC, peer \
+                     access)"
+                )
+                } else {
+                    format!(
+                    "GPU to GPU between the ranks of {ok} of the {hosts} hosts (CUDA IPC, peer \
+                     access; elsewhere staged{})",
+                    local.map(|w| format!(", here because {w}")).unwrap_or_default()
+                )
+                };
+            Ok(format!(
+                "{inside}; between hosts one rail per local rank, {rail_line}: AllReduce, \
+                 ReduceScatter, AllGather, Broadcast and Reduce; AlltoAll, AlltoAllv, Scatter, \
+                 Gather, SendRecv and HyperCube staged"
+            ))
+        }
+
         pub fn choose_path(&mut self, comm: &mut Communicator) -> Result<String> {
             let props = comm.transport().properties();
             let sysfs = std::path::Path::new("/sys");
             let (path, line) = gpudirect::path_line(&props, None, self.info.dmabuf, sysfs);
             self.dev.set_path(path);
             self.dev.offer_peers(true);
+            let local = match peer::hierarchy(comm) {
+                Some(h) => Some(
+                    peer::agree(h.node(), &mut self.dev)
+                        .context("agreeing whether this host's GPUs talk directly")?,
+                ),
+                None => None,
+            };
+            if let Some(local) = local {
+                return self.across_hosts(comm, &line, local);
+            }
             let why = peer::agree(comm, &mut self.dev)
                 .context("agreeing whether local GPUs talk directly")?;
             let Some(why) = why else {

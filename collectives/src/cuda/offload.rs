@@ -27,8 +27,8 @@ fn oe(e: CudaError) -> OffloadError {
     OffloadError(e.to_string())
 }
 
-/// A device buffer with its pinned twin, allocated by the offload (scratch, premultiplied
-/// input).
+/// A device buffer with its pinned twin, allocated by the offload (scratch, workspace,
+/// premultiplied input).
 struct Pair {
     host: Pinned,
     dev: DeviceBuffer,
@@ -56,6 +56,7 @@ pub struct CudaOffload {
     /// segment, and reading a pinned slice's pointer is a driver call.
     stage: Option<Mirror>,
     scratch: Option<Pair>,
+    workspace: Option<Pair>,
     premul: Option<Pair>,
     /// Events recorded and not yet seen complete, with their tickets, oldest first.
     pending: VecDeque<(u64, CudaEvent)>,
@@ -86,6 +87,7 @@ impl CudaOffload {
             landing: None,
             stage: None,
             scratch: None,
+            workspace: None,
             premul: None,
             pending: VecDeque::new(),
             spare: Vec::new(),
@@ -175,7 +177,10 @@ impl CudaOffload {
 
     fn remirror(&mut self) -> Result<(), OffloadError> {
         let mut all = self.user.clone();
-        for p in [&mut self.scratch, &mut self.premul].into_iter().flatten() {
+        for p in [&mut self.scratch, &mut self.workspace, &mut self.premul]
+            .into_iter()
+            .flatten()
+        {
             all.push(p.mirror(&self.gpu)?);
         }
         self.all = all;
@@ -334,6 +339,17 @@ impl Offload for CudaOffload {
         match self.scratch.as_mut() {
             Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
             None => Err(OffloadError("no scratch memory".into())),
+        }
+    }
+
+    fn workspace(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
+        if self.workspace.as_ref().is_none_or(|p| p.host.len() < bytes) {
+            self.workspace = Some(self.pair(bytes, "workspace")?);
+            self.remirror()?;
+        }
+        match self.workspace.as_mut() {
+            Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
+            None => Err(OffloadError("no workspace memory".into())),
         }
     }
 

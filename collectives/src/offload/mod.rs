@@ -101,6 +101,16 @@ pub trait Offload: Send {
     /// A mirrored scratch buffer of at least `bytes` (partial results an algorithm keeps
     /// between steps); valid until the next call asks for more.
     fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError>;
+    /// A second mirrored scratch buffer of at least `bytes`, apart from [`Offload::scratch`]:
+    /// for a call made of other calls (the hierarchical path across hosts), whose
+    /// intermediate result must outlive the scratch those calls ask for; valid until the next
+    /// call asks for more.
+    fn workspace(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
+        let _ = bytes;
+        Err(OffloadError(
+            "this device keeps no workspace apart from its scratch".into(),
+        ))
+    }
     /// Copy device → host twin.
     fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError>;
     /// Copy host twin → device.

@@ -147,7 +147,7 @@ impl Job {
     }
 }
 
-/// A mirrored pair allocated by the device itself (scratch, premultiplied input).
+/// A mirrored pair allocated by the device itself (scratch, workspace, premultiplied input).
 struct Pair {
     host: HostBuffer,
     dev: Option<Arc<Alloc>>,
@@ -209,6 +209,7 @@ pub struct SimDevice {
     /// Why the direct path was given up, in order.
     refusals: Vec<String>,
     scratch: Pair,
+    workspace: Pair,
     premul: Pair,
     counts: Counts,
 }
@@ -256,6 +257,7 @@ impl SimDevice {
             device_staging_len: 0,
             refusals: Vec::new(),
             scratch: Pair::new(),
+            workspace: Pair::new(),
             premul: Pair::new(),
             counts: Counts::default(),
         }
@@ -329,7 +331,7 @@ impl SimDevice {
 
     /// The allocation of this device's (a buffer, scratch or `mulsum` input) holding a range.
     fn owned(&self, dev: u64, len: usize) -> Option<&Arc<Alloc>> {
-        let pairs = [&self.scratch, &self.premul].into_iter();
+        let pairs = [&self.scratch, &self.workspace, &self.premul].into_iter();
         self.memory
             .iter()
             .chain(pairs.filter_map(|p| p.dev.as_ref()))
@@ -382,7 +384,7 @@ impl SimDevice {
 
     fn remirror(&mut self) {
         let mut all = self.user.clone();
-        for p in [&mut self.scratch, &mut self.premul] {
+        for p in [&mut self.scratch, &mut self.workspace, &mut self.premul] {
             if !p.host.is_empty() {
                 all.push(p.mirror());
             }
@@ -500,6 +502,14 @@ impl Offload for SimDevice {
             self.remirror();
         }
         Ok(self.scratch.host.as_mut_slice().as_mut_ptr())
+    }
+
+    fn workspace(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
+        self.sync()?;
+        if self.workspace.ensure(bytes)? {
+            self.remirror();
+        }
+        Ok(self.workspace.host.as_mut_slice().as_mut_ptr())
     }
 
     fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError> {

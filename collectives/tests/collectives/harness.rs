@@ -2,6 +2,7 @@
 //! differs from the reference; and the random cases the properties draw.
 
 use crate::reference::{call, expected_of, input_of, layout, Bytes, Case, Kind};
+use busbw_collectives::algorithms::peer;
 use busbw_collectives::offload::sim::{Counts, SimDevice};
 use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
 use busbw_collectives::verifiable::count_wrong;
@@ -137,6 +138,58 @@ pub(crate) fn run_case_on(
         };
         let wrong = count_wrong(c.dtype, c.op, &got[..expected.len()], &expected);
         (wrong, Counts::default())
+    })
+}
+
+/// The case on `hosts` simulated hosts of `c.n / hosts` ranks each, numbered host by host:
+/// each host's devices reach each other (one IPC island per host) and no other host's, and
+/// every rank's communicator has its node and rail communicators. Returns per rank the wrong
+/// elements, the device's counts and how many calls ran across hosts through them.
+pub(crate) fn run_case_across_hosts(
+    c: Case,
+    hosts: usize,
+    jitter: Duration,
+) -> Vec<(u64, Counts, u64)> {
+    let per = c.n / hosts;
+    assert_eq!(per * hosts, c.n, "{c:?}: {hosts} hosts");
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(20),
+        map_peers: true,
+        ..CommConfig::default()
+    };
+    let mut nodes: Vec<Vec<Communicator>> = (0..hosts)
+        .map(|_| thread_world(per, ThreadTransport::Inproc, cfg.clone()).unwrap())
+        .collect();
+    let mut rails: Vec<Vec<Communicator>> = (0..per)
+        .map(|_| {
+            let mut rail = thread_world(hosts, ThreadTransport::Inproc, cfg.clone()).unwrap();
+            for r in &mut rail {
+                r.set_nodes((0..hosts).collect()).unwrap();
+            }
+            rail
+        })
+        .collect();
+    let mut world = thread_world(c.n, ThreadTransport::Inproc, cfg).unwrap();
+    // Taken from the back, so that each host's and each rail's communicators pop in order.
+    for (g, comm) in world.iter_mut().enumerate().rev() {
+        comm.set_nodes((0..c.n).map(|r| r / per).collect()).unwrap();
+        let node = nodes[g / per].pop().unwrap();
+        let rail = rails[g % per].pop().unwrap();
+        let h = peer::Hierarchy::new(comm, node, rail).unwrap();
+        peer::set_hierarchy(comm, h);
+    }
+    let inputs: Vec<Bytes> = (0..c.n).map(|r| input_of(&c, r)).collect();
+    let device = Dev {
+        jitter,
+        direct: false,
+        ipc: Some(per),
+    };
+    run_threads(world, |comm| {
+        let r = comm.rank();
+        let expected = expected_of(&c, r, &inputs);
+        let (got, counts) = run_on_device(comm, &c, &inputs[r], device);
+        let wrong = count_wrong(c.dtype, c.op, &got[..expected.len()], &expected);
+        (wrong, counts, peer::across_hosts(comm))
     })
 }
 

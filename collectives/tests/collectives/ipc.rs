@@ -45,13 +45,8 @@ fn every_collective_type_and_op_runs_gpu_to_gpu() {
             if kind == Kind::HyperCube && !n.is_power_of_two() {
                 continue;
             }
-            let ops: &[ReduceOp] = if kind.reduces() {
-                &ReduceOp::ALL
-            } else {
-                &[ReduceOp::Sum]
-            };
             for dtype in DataType::ALL {
-                for &op in ops {
+                for &op in kind.ops() {
                     for in_place in [false, true] {
                         let c = Case {
                             kind,

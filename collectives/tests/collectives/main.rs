@@ -8,6 +8,7 @@
 mod alltoallv;
 mod device;
 mod harness;
+mod hier;
 mod hypercube;
 mod ipc;
 mod properties;

@@ -61,6 +61,14 @@ impl Kind {
                 | Kind::TreeAllReduce
         )
     }
+    /// The ops a case of this kind runs: every op for reductions, `sum` (unused) for the rest.
+    pub(crate) fn ops(self) -> &'static [ReduceOp] {
+        if self.reduces() {
+            &ReduceOp::ALL
+        } else {
+            &[ReduceOp::Sum]
+        }
+    }
     pub(crate) fn reduces(self) -> bool {
         matches!(
             self,

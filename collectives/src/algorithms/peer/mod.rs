@@ -26,6 +26,14 @@
 //! and reaches every peer's. If not, every call stages as before and [`why`] says why in one
 //! line (rank 0 prints it). Nothing is guessed from addresses: the data's
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
+//!
+//! A job of several hosts gives its communicator a [`Hierarchy`] ([`set_hierarchy`]): the
+//! reductions, AllGather and Broadcast then run GPU to GPU inside each host and cross hosts
+//! by rail ([`hier`]).
+
+mod hier;
+
+pub use hier::Hierarchy;
 
 use crate::algorithms::direct::{all_to_all, all_to_all_rows, slice, Agreed};
 use crate::dtype::{DataType, ReduceOp};
@@ -142,6 +150,10 @@ pub(crate) struct Peers {
     flags: Vec<u8>,
     ran: u64,
     staged: u64,
+    /// The communicators across hosts, when the job has several.
+    hier: Option<Box<Hierarchy>>,
+    /// Calls run across hosts through them.
+    across: u64,
 }
 
 impl crate::link::Kept for Peers {
@@ -159,6 +171,22 @@ pub fn tally(comm: &Communicator) -> (u64, u64, Option<&str>) {
 /// when the peer path is in use.
 pub fn why(comm: &Communicator) -> Option<&str> {
     tally(comm).2
+}
+
+/// Gives a communicator of several hosts its node and rail communicators: from then on its
+/// calls on device data that [`hier`] splits run GPU to GPU inside each host.
+pub fn set_hierarchy(comm: &mut Communicator, h: Hierarchy) {
+    comm.kept::<Peers>().hier = Some(Box::new(h));
+}
+
+/// The communicators across hosts, if the communicator has them.
+pub fn hierarchy(comm: &mut Communicator) -> Option<&mut Hierarchy> {
+    comm.kept::<Peers>().hier.as_deref_mut()
+}
+
+/// Calls on device data that ran across hosts through the hierarchy.
+pub fn across_hosts(comm: &Communicator) -> u64 {
+    comm.peek::<Peers>().map_or(0, |p| p.across)
 }
 
 /// Agrees now whether the ranks use peer memory for `device`'s data (every rank must call
@@ -182,6 +210,9 @@ pub fn agree(
 pub fn release(comm: &mut Communicator, device: &mut dyn Offload) -> Result<(), CommError> {
     let mut st = std::mem::take(comm.kept::<Peers>());
     let r = (|| {
+        if let Some(h) = st.hier.as_deref_mut() {
+            release(h.node(), device)?;
+        }
         if st.agreed != Agreed::Yes {
             return Ok(());
         }
@@ -221,6 +252,16 @@ pub(crate) fn offer<'a>(
         return Ok(Some(data));
     };
     let d: &mut dyn Offload = &mut **d;
+    if hier::applies(call.kind) {
+        if let Some(mut h) = comm.kept::<Peers>().hier.take() {
+            // SAFETY: as for `run` below.
+            let r = unsafe { hier::run(&mut h, me, d, &call, src, dst, in_place) };
+            let st = comm.kept::<Peers>();
+            st.hier = Some(h);
+            st.across += u64::from(r.is_ok());
+            return r.map(|()| None);
+        }
+    }
     let mut st = std::mem::take(comm.kept::<Peers>());
     let r = (|| {
         if !agreed(comm, &mut st, d)? {

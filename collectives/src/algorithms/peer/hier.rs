@@ -1,0 +1,371 @@
+//! Device data across hosts: GPU to GPU inside each host, one rail per local rank between
+//! them.
+//!
+//! The peer path needs every rank on one host; in a job of several hosts it would stage
+//! every byte through the host twins, the local hops included, so a node's NVLink would
+//! never carry a byte. Here a collective on device data is split as NCCL splits it between
+//! its P2P and network transports: the ranks of a host reduce or gather among themselves on
+//! the **node** communicator, where the peer path moves device memory directly; each rank's
+//! share crosses the network on its **rail** communicator (the ranks with the same local
+//! index on every host), through the staged or GPUDirect engine; the host then spreads the
+//! result, again GPU to GPU. Each rank sends over the network what it would in the flat ring
+//! (its share of the data, not the whole host's), and nothing host-local leaves the devices.
+//!
+//! | collective | node | rail | node |
+//! |---|---|---|---|
+//! | AllReduce | ReduceScatter | AllReduce of the share | AllGather |
+//! | ReduceScatter | | ReduceScatter of the host's blocks, into workspace | ReduceScatter |
+//! | AllGather | AllGather into the host's blocks | AllGather of them | |
+//! | Broadcast | | Broadcast (the root's rail) | Broadcast |
+//! | Reduce | Reduce into workspace | Reduce (the root's rail) | |
+//!
+//! An AllReduce count that the host's ranks do not divide leaves a tail of fewer elements
+//! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
+//! the job before the first step and `avg` divides by the job's size after the sum, both as
+//! the flat path does, so every step sums and the result is the same bits. The point-to-point
+//! collectives (AlltoAll, AlltoAllv, Scatter, Gather, SendRecv, HyperCube) stay staged.
+//!
+//! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
+//! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
+
+use super::{Call, Kind};
+use crate::algorithms::{chain, doubling, ring, tree};
+use crate::dtype::{DataType, ReduceOp};
+use crate::engine::data::Data;
+use crate::engine::space::MemorySpace;
+use crate::error::CommError;
+use crate::link::nodes::NodeMap;
+use crate::link::Communicator;
+use crate::offload::{device_of, Offload, OffloadError};
+
+/// A rank's two communicators across hosts (see the module documentation).
+pub struct Hierarchy {
+    node: Communicator,
+    rail: Communicator,
+}
+
+impl Hierarchy {
+    /// `node`: this host's ranks, numbered by local rank; `rail`: the ranks with this rank's
+    /// local index on every host, numbered by host. Refused unless `world`'s ranks are
+    /// numbered host by host, with as many on each host as `node` has.
+    pub fn new(
+        world: &Communicator,
+        node: Communicator,
+        rail: Communicator,
+    ) -> Result<Hierarchy, CommError> {
+        let (n, g) = (world.size(), world.rank());
+        let (l, h) = (node.size(), rail.size());
+        let fail = |why: String| {
+            Err(CommError::Invalid(format!(
+                "rank {g}: device data across hosts: {why}"
+            )))
+        };
+        if l * h != n || *world.node_map() != NodeMap::uniform(n, l) {
+            return fail(format!(
+                "the {n} ranks are not {h} hosts of {l} ranks numbered host by host"
+            ));
+        }
+        if node.rank() != g % l || rail.rank() != g / l {
+            return fail(format!(
+                "this rank is rank {} of its host's communicator and {} of its rail's, not {} \
+                 and {}",
+                node.rank(),
+                rail.rank(),
+                g % l,
+                g / l
+            ));
+        }
+        Ok(Hierarchy { node, rail })
+    }
+
+    /// This host's communicator.
+    pub fn node(&mut self) -> &mut Communicator {
+        &mut self.node
+    }
+}
+
+/// Whether a collective runs hierarchically (the others stage).
+pub(crate) fn applies(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather | Kind::Broadcast | Kind::Reduce
+    )
+}
+
+/// Which of the two communicators a step runs on, for its errors.
+#[derive(Clone, Copy)]
+enum Group {
+    Node,
+    Rail,
+}
+
+/// One call: `src` and `dst` are the call's checked twin ranges (as the flat path's layout
+/// has them), `g` this rank in the job.
+///
+/// # Safety
+/// `src` and `dst` lie inside the device's mirrors for the call's sizes and stay valid for
+/// the call; in place, they point into one buffer.
+pub(crate) unsafe fn run(
+    h: &mut Hierarchy,
+    g: usize,
+    d: &mut dyn Offload,
+    c: &Call<'_>,
+    src: *const u8,
+    dst: *mut u8,
+    in_place: bool,
+) -> Result<(), CommError> {
+    let (ranks, hosts) = (h.node.size(), h.rail.size());
+    let n = ranks * hosts;
+    let (l, host) = (h.node.rank(), h.rail.rank());
+    let (count, dtype) = (c.count, c.dtype);
+    let es = dtype.size();
+    let kb = count * es;
+    // Every step sums; `avg` divides once, `mulsum` premultiplies once, by job rank.
+    let (op, avg) = match c.op {
+        ReduceOp::Avg | ReduceOp::MulSum => (ReduceOp::Sum, c.op == ReduceOp::Avg),
+        op => (op, false),
+    };
+    let dev = |cause: OffloadError| CommError::Device {
+        rank: g,
+        during: format!("{} across hosts", c.name),
+        cause,
+    };
+    // The call's input, premultiplied for `mulsum` into a buffer of its own.
+    let input = |d: &mut dyn Offload, elems: usize| -> Result<*const u8, CommError> {
+        if c.op == ReduceOp::MulSum {
+            d.premultiply(src, elems, dtype, g).map_err(dev)
+        } else {
+            Ok(src)
+        }
+    };
+    let on = |grp: Group| move |e: CommError| in_group(e, g, grp, ranks, hosts);
+    let (node, rail) = (&mut h.node, &mut h.rail);
+    match c.kind {
+        Kind::AllReduce => {
+            let input = input(d, count)?;
+            let same = std::ptr::eq(input, dst);
+            let main = count - count % ranks;
+            let (share, blk) = (main / ranks, main / ranks * es);
+            if share > 0 {
+                let mine = dst.add(l * blk);
+                // Out of place the ReduceScatter writes only this rank's block of `dst`.
+                let x = if same {
+                    inplace(d, dst, main * es)
+                } else {
+                    oop(d, input, main * es, mine, blk)
+                };
+                ring::reduce_scatter(node, x, share, dtype, op).map_err(on(Group::Node))?;
+                let x = inplace(d, mine, blk);
+                rail_all_reduce(c.name, rail, x, share, dtype, op).map_err(on(Group::Rail))?;
+                if avg {
+                    divide(d, mine, share, dtype, n).map_err(dev)?;
+                }
+                let x = inplace(d, dst, main * es);
+                ring::all_gather(node, x, share, dtype).map_err(on(Group::Node))?;
+            }
+            // Fewer elements than the host has ranks: every rank carries them.
+            let tail = count - main;
+            if tail > 0 {
+                let (off, tb) = (main * es, tail * es);
+                let out = dst.add(off);
+                let x = if same {
+                    inplace(d, out, tb)
+                } else {
+                    oop(d, input.add(off), tb, out, tb)
+                };
+                ring::all_reduce(node, x, tail, dtype, op).map_err(on(Group::Node))?;
+                let x = inplace(d, out, tb);
+                ring::all_reduce(rail, x, tail, dtype, op).map_err(on(Group::Rail))?;
+                if avg {
+                    divide(d, out, tail, dtype, n).map_err(dev)?;
+                }
+            }
+        }
+        Kind::ReduceScatter => {
+            // Rail first: host `host`'s blocks (one contiguous chunk) reduced over the rail
+            // into workspace, then among the host's ranks into each one's block.
+            let chunk = ranks * kb;
+            let input = input(d, n * count)?;
+            let ws = d.workspace(chunk).map_err(dev)?;
+            let x = oop(d, input, n * kb, ws, chunk);
+            ring::reduce_scatter(rail, x, ranks * count, dtype, op).map_err(on(Group::Rail))?;
+            // In place `dst` is already this rank's block of the one buffer.
+            let x = oop(d, ws, chunk, dst, kb);
+            ring::reduce_scatter(node, x, count, dtype, op).map_err(on(Group::Node))?;
+            if avg {
+                divide(d, dst, count, dtype, n).map_err(dev)?;
+            }
+        }
+        Kind::AllGather => {
+            // `dst` is the whole output; in place, this rank's input sits in its block.
+            let chunk = ranks * kb;
+            let ours = dst.add(host * chunk);
+            let x = if in_place {
+                inplace(d, ours, chunk)
+            } else {
+                oop(d, src, kb, ours, chunk)
+            };
+            ring::all_gather(node, x, count, dtype).map_err(on(Group::Node))?;
+            let x = inplace(d, dst, n * kb);
+            ring::all_gather(rail, x, ranks * count, dtype).map_err(on(Group::Rail))?;
+        }
+        Kind::Broadcast => {
+            let (root_host, root_local) = (c.root / ranks, c.root % ranks);
+            if l == root_local {
+                let x = if in_place {
+                    inplace(d, dst, kb)
+                } else {
+                    oop(d, src, kb, dst, kb)
+                };
+                chain::broadcast(rail, x, count, dtype, root_host).map_err(on(Group::Rail))?;
+            }
+            let x = inplace(d, dst, kb);
+            chain::broadcast(node, x, count, dtype, root_local).map_err(on(Group::Node))?;
+        }
+        Kind::Reduce => {
+            // Into workspace first: a local root that is not the job's root keeps its output
+            // untouched, as every non-root's is.
+            let (root_host, root_local) = (c.root / ranks, c.root % ranks);
+            let input = input(d, count)?;
+            let ws = d.workspace(kb).map_err(dev)?;
+            let x = oop(d, input, kb, ws, kb);
+            chain::reduce(node, x, count, dtype, op, root_local).map_err(on(Group::Node))?;
+            if l == root_local {
+                let x = oop(d, ws, kb, dst, kb);
+                chain::reduce(rail, x, count, dtype, op, root_host).map_err(on(Group::Rail))?;
+            }
+            if avg && g == c.root {
+                divide(d, dst, count, dtype, n).map_err(dev)?;
+            }
+        }
+        _ => {
+            return Err(CommError::Invalid(format!(
+                "rank {g}: {} has no hierarchical form",
+                c.name
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// The AllReduce of the rail: the algorithm the call asked for.
+fn rail_all_reduce(
+    name: &str,
+    rail: &mut Communicator,
+    x: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    match name {
+        "tree_all_reduce" => tree::tree_all_reduce(rail, x, count, dtype, op),
+        "doubling_all_reduce" => doubling::doubling_all_reduce(rail, x, count, dtype, op),
+        _ => ring::all_reduce(rail, x, count, dtype, op),
+    }
+}
+
+/// `avg`'s division of `elems` elements at twin `p` by the job's size, on the device: the
+/// reduction kernel with `max(x, x)` and the average's last step, then waited for, since the
+/// next step may read it from the host twin.
+fn divide(
+    d: &mut dyn Offload,
+    p: *mut u8,
+    elems: usize,
+    dtype: DataType,
+    n: usize,
+) -> Result<(), OffloadError> {
+    let a = device_of(d.mirrors(), p, elems * dtype.size())?;
+    d.reduce_on_device(a, a, a, elems, dtype, ReduceOp::Max, Some(n))?;
+    d.sync()
+}
+
+/// One step's buffer, in place.
+///
+/// # Safety
+/// `p..p+len` lies in the device's mirrors, and nothing else refers to it while the data
+/// lives.
+unsafe fn inplace<'x>(d: &'x mut dyn Offload, p: *mut u8, len: usize) -> Data<'x> {
+    Data::in_place(std::slice::from_raw_parts_mut(p, len)).on(MemorySpace::Device(d))
+}
+
+/// One step's buffers, out of place.
+///
+/// # Safety
+/// As [`inplace`], for both ranges; they do not overlap.
+unsafe fn oop<'x>(
+    d: &'x mut dyn Offload,
+    s: *const u8,
+    sl: usize,
+    t: *mut u8,
+    tl: usize,
+) -> Data<'x> {
+    let (send, recv) = (
+        std::slice::from_raw_parts(s, sl),
+        std::slice::from_raw_parts_mut(t, tl),
+    );
+    Data::out_of_place(send, recv).on(MemorySpace::Device(d))
+}
+
+/// A step's error in the job's words: its ranks are the group's, so they are renamed to
+/// job ranks, and the words say which group it was.
+fn in_group(e: CommError, g: usize, grp: Group, ranks: usize, hosts: usize) -> CommError {
+    let (host, l) = (g / ranks, g % ranks);
+    let job = |r: usize| match grp {
+        Group::Node => host * ranks + r,
+        Group::Rail => r * ranks + l,
+    };
+    let what = match grp {
+        Group::Node => format!(
+            "among host {host}'s ranks (job ranks {}-{})",
+            job(0),
+            job(ranks - 1)
+        ),
+        Group::Rail => format!(
+            "on rail {l} (local rank {l} of each of {hosts} hosts: job ranks {l}, {}, ...)",
+            l + ranks
+        ),
+    };
+    match e {
+        CommError::Transport {
+            peer,
+            during,
+            cause,
+            ..
+        } => CommError::Transport {
+            rank: g,
+            peer: peer.map(job),
+            during: format!("{what}: {during}"),
+            cause,
+        },
+        CommError::Lookup { peer, cause, .. } => CommError::Lookup {
+            rank: g,
+            peer: job(peer),
+            cause,
+        },
+        CommError::Timeout {
+            peer,
+            secs,
+            what: w,
+            ..
+        } => CommError::Timeout {
+            rank: g,
+            peer: peer.map(job),
+            secs,
+            what: format!("{w} ({what}, where the ranks are numbered from 0)"),
+        },
+        CommError::Aborted { reason, .. } => CommError::Aborted { rank: g, reason },
+        CommError::OutOfMemory { bytes, what: w, .. } => CommError::OutOfMemory {
+            rank: g,
+            bytes,
+            what: w,
+        },
+        CommError::Device { during, cause, .. } => CommError::Device {
+            rank: g,
+            during: format!("{what}: {during}"),
+            cause,
+        },
+        CommError::Invalid(m) => {
+            CommError::Invalid(format!("{m} ({what}, where the ranks are numbered from 0)"))
+        }
+    }
+}

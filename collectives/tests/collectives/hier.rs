@@ -1,0 +1,110 @@
+//! Device data across hosts: every collective, type and op on simulated hosts whose devices
+//! reach each other only within a host, with each rank's node and rail communicators.
+
+use crate::harness::run_case_across_hosts;
+use crate::reference::{device_kinds, Case, Kind};
+use busbw_collectives::algorithms::peer::Hierarchy;
+use busbw_collectives::testing::{thread_world, ThreadTransport};
+use busbw_collectives::DataType;
+use std::time::Duration;
+
+/// The collectives the hierarchy splits.
+fn split(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::AllReduce
+            | Kind::TreeAllReduce
+            | Kind::DoublingAllReduce
+            | Kind::ReduceScatter
+            | Kind::AllGather
+            | Kind::Broadcast
+            | Kind::Reduce
+    )
+}
+
+/// 2 hosts of 2 and of 3 ranks, 3 hosts of 2; a count the host's ranks divide, one they do
+/// not (a tail) and one below them; every type and op, every root's host; in and out of
+/// place. Bit for bit against the reference; the split collectives run across hosts with
+/// every rank opening its host's peers' buffers, the others stage as before.
+#[test]
+fn every_collective_type_and_op_runs_across_hosts() {
+    for (hosts, per) in [(2usize, 2usize), (2, 3), (3, 2)] {
+        let n = hosts * per;
+        for kind in device_kinds() {
+            if kind == Kind::HyperCube && !n.is_power_of_two() {
+                continue;
+            }
+            for count in [1usize, 36, 37] {
+                for dtype in DataType::ALL {
+                    for &op in kind.ops() {
+                        for in_place in [false, true] {
+                            let c = Case {
+                                kind,
+                                n,
+                                count,
+                                dtype,
+                                op,
+                                in_place,
+                                // A root off host 0 and off local rank 0 where there is one.
+                                root: (count + 1) % n,
+                            };
+                            let res = run_case_across_hosts(c, hosts, Duration::from_micros(2));
+                            let wrong: Vec<u64> = res.iter().map(|r| r.0).collect();
+                            assert!(
+                                wrong.iter().all(|&w| w == 0),
+                                "{hosts} hosts of {per}, {c:?}: wrong per rank {wrong:?}"
+                            );
+                            for (r, (_, k, across)) in res.iter().enumerate() {
+                                let at = format!("{hosts} hosts of {per}, {c:?}, rank {r}");
+                                if split(kind) {
+                                    assert_eq!(*across, 1, "{at}: not run across hosts");
+                                    assert!(k.peer_opens > 0, "{at}: no peer opened: {k:?}");
+                                } else {
+                                    assert_eq!(*across, 0, "{at}");
+                                    assert_eq!(k.peer_opens, 0, "{at}: {k:?}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Only ranks numbered host by host, as many on every host as the node communicator has,
+/// each at its place in both communicators, get a hierarchy; the refusal says why.
+#[test]
+fn a_hierarchy_needs_ranks_numbered_host_by_host() {
+    let world = |nodes: Vec<usize>| {
+        let mut w = thread_world(nodes.len(), ThreadTransport::Inproc, Default::default()).unwrap();
+        for c in &mut w {
+            c.set_nodes(nodes.clone()).unwrap();
+        }
+        w
+    };
+    let two = || thread_world(2, ThreadTransport::Inproc, Default::default()).unwrap();
+    // Hosts interleaved: a host's blocks would not be one range.
+    let w = world(vec![0, 1, 0, 1]);
+    let (mut node, mut rail) = (two(), two());
+    let e = Hierarchy::new(&w[0], node.remove(0), rail.remove(0))
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("not 2 hosts of 2 ranks numbered host by host"),
+        "{e}"
+    );
+    // Right map, but rank 1 handed the node communicator's rank 0.
+    let w = world(vec![0, 0, 1, 1]);
+    let (mut node, mut rail) = (two(), two());
+    let e = Hierarchy::new(&w[1], node.remove(0), rail.remove(0))
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("rank 0 of its host's communicator"),
+        "{e}"
+    );
+    let (mut node, mut rail) = (two(), two());
+    assert!(Hierarchy::new(&w[1], node.remove(1), rail.remove(0)).is_ok());
+}

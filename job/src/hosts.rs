@@ -1,0 +1,183 @@
+//! Device data across hosts: the node and rail communicators a job of several hosts gives
+//! its communicator, so that its collectives move a host's device bytes GPU to GPU and only
+//! each rank's share over the network (`busbw_collectives::algorithms::peer::Hierarchy`).
+
+use crate::error::{Context, Result};
+use crate::{JoinOptions, Session};
+use busbw_collectives::algorithms::peer::{self, Hierarchy};
+use busbw_collectives::link::nodes::NodeMap;
+use busbw_collectives::Communicator;
+use busbw_launchers::World;
+use busbw_measure::Plan;
+
+/// Why a job's ranks cannot be split by host and rail, or `None` when they can: several
+/// hosts, the same number of ranks on each (at least two), numbered host by host.
+pub fn unsplittable(map: &NodeMap) -> Option<String> {
+    let (n, hosts) = (map.len(), map.node_count());
+    if hosts < 2 {
+        return Some("the job is on one host".into());
+    }
+    let per = n / hosts;
+    if per * hosts != n || *map != NodeMap::uniform(n, per) {
+        return Some(format!(
+            "the {hosts} hosts' ranks are not numbered host by host in equal numbers"
+        ));
+    }
+    if per < 2 {
+        return Some("each host has one rank: nothing moves inside a host".into());
+    }
+    None
+}
+
+/// Gives the session's communicator its node and rail communicators (every rank calls it,
+/// like a collective) when the job is on several hosts, its device buffers may go GPU to
+/// GPU (`map_peers`: `--transport shm` or `auto`) and its ranks split by host
+/// ([`unsplittable`]). Returns why not when the job is on several hosts and cannot;
+/// `None` otherwise.
+pub fn give_hierarchy(
+    session: &mut Session,
+    world: &World,
+    opts: &JoinOptions,
+    plan: &Plan,
+) -> Result<Option<String>> {
+    let comm = &session.comm;
+    let map = comm.node_map();
+    if map.node_count() < 2 {
+        return Ok(None);
+    }
+    if !comm.config().map_peers {
+        return Ok(Some(
+            "a transport was asked for by name, so local ranks do not map each other's memory"
+                .into(),
+        ));
+    }
+    if let Some(why) = unsplittable(map) {
+        return Ok(Some(why));
+    }
+    let factory = crate::transport::session_factory(session, world, opts, plan)?;
+    let h = build(&session.comm, &factory)?;
+    peer::set_hierarchy(&mut session.comm, h);
+    Ok(None)
+}
+
+/// This rank's host's and rail's communicators (the job's map already checked).
+fn build(world: &Communicator, factory: &crate::Factory) -> Result<Hierarchy> {
+    let (n, g) = (world.size(), world.rank());
+    let per = n / world.node_map().node_count();
+    let (host, l) = (g / per, g % per);
+    let group = |name: String, members: Vec<usize>| {
+        let nodes: Vec<usize> = members.iter().map(|&r| world.nodes()[r]).collect();
+        factory
+            .build(&name, &members, &nodes)
+            .with_context(|| format!("building the communicator of {name}"))
+    };
+    let node = group(
+        format!("hier/node/{host}"),
+        (host * per..(host + 1) * per).collect(),
+    )?;
+    let rail = group(
+        format!("hier/rail/{l}"),
+        (0..n / per).map(|x| x * per + l).collect(),
+    )?;
+    Ok(Hierarchy::new(world, node, rail)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subcomm::BoxError;
+    use busbw_collectives::offload::sim::SimDevice;
+    use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
+    use busbw_collectives::{
+        all_reduce, CommConfig, Data, DataType, MemorySpace, Mirror, ReduceOp,
+    };
+    use busbw_launchers::{MemoryStore, Store};
+    use busbw_transports::{Abort, Identity, Transport};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// The groups built through the store are each rank's host and rail, in the places the
+    /// hierarchy wants them: 2 hosts of 2 ranks, device data on simulated devices that reach
+    /// each other within a host, an AllReduce that runs across hosts and sums right.
+    #[test]
+    fn the_groups_built_are_each_ranks_host_and_rail() {
+        let (n, count) = (4usize, 1000usize);
+        let store = Arc::new(MemoryStore::new());
+        store.set("job", b"42").unwrap();
+        let cfg = CommConfig {
+            timeout: Duration::from_secs(20),
+            map_peers: true,
+            ..CommConfig::default()
+        };
+        let mut world = thread_world(n, ThreadTransport::Inproc, cfg).unwrap();
+        for c in &mut world {
+            c.set_nodes(vec![0, 0, 1, 1]).unwrap();
+        }
+        let tcp = crate::transport::TcpSetup {
+            bind: std::net::IpAddr::from([127, 0, 0, 1]),
+            advertise: None,
+            threads: 1,
+            socks_per_thread: 1,
+        };
+        let res = run_threads(world, |comm| {
+            let g = comm.rank();
+            let factory = crate::Factory::new(
+                store.clone(),
+                None,
+                g,
+                Duration::from_secs(20),
+                Abort::new(),
+                Box::new(
+                    move |id: Identity| -> Result<Box<dyn Transport>, BoxError> {
+                        Ok(crate::transport::tcp_transport(id, tcp))
+                    },
+                ),
+            )
+            .unwrap()
+            .map_peers(true);
+            let h = build(comm, &factory).unwrap();
+            peer::set_hierarchy(comm, h);
+            let mut sim = SimDevice::new(Duration::ZERO, g as u64).ipc((g / 2) as u64);
+            let bytes = count * 4;
+            let (mut send, mut recv) = (vec![0u8; bytes], vec![0u8; bytes]);
+            let (ds, dr) = (sim.alloc(bytes).unwrap(), sim.alloc(bytes).unwrap());
+            let one: Vec<u8> = (0..count)
+                .flat_map(|_| (g as f32 + 1.0).to_le_bytes())
+                .collect();
+            sim.write(ds, &one).unwrap();
+            let mirrors = [(&mut send, ds), (&mut recv, dr)].map(|(t, d)| Mirror {
+                host: t.as_mut_ptr(),
+                device: d,
+                len: bytes,
+            });
+            sim.set_mirrors(mirrors.to_vec()).unwrap();
+            let d = Data::out_of_place(&send, &mut recv).on(MemorySpace::Device(&mut sim));
+            all_reduce(comm, d, count, DataType::Float32, ReduceOp::Sum).unwrap();
+            let got = sim.read(dr, bytes).unwrap();
+            let sums: Vec<f32> = got
+                .chunks(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (sums, peer::across_hosts(comm), sim.counts().peer_opens)
+        });
+        for (r, (sums, across, opens)) in res.into_iter().enumerate() {
+            assert!(
+                sums.iter().all(|&x| x == 10.0),
+                "rank {r}: {:?}",
+                &sums[..4]
+            );
+            assert_eq!(across, 1, "rank {r}");
+            assert!(opens > 0, "rank {r}: its host's peer was never opened");
+        }
+    }
+
+    #[test]
+    fn only_equal_hosts_numbered_host_by_host_split() {
+        assert!(unsplittable(&NodeMap::uniform(8, 4)).is_none());
+        let why = |labels: &[usize]| unsplittable(&NodeMap::from_labels(labels)).unwrap();
+        assert!(why(&[0, 0, 0]).contains("one host"));
+        assert!(why(&[0, 1, 0, 1]).contains("not numbered host by host"));
+        assert!(why(&[0, 0, 0, 1]).contains("not numbered host by host"));
+        assert!(why(&[0, 1, 2]).contains("one rank"));
+    }
+}
