@@ -2,7 +2,8 @@
 //! its communicator, so that its collectives move a host's device bytes GPU to GPU and only
 //! each rank's share over the network (`busbw_collectives::algorithms::peer::Hierarchy`).
 
-use crate::error::{Context, Result};
+use crate::error::Result;
+use crate::subcomm::BuildError;
 use crate::{JoinOptions, Session};
 use busbw_collectives::algorithms::peer::{self, Hierarchy};
 use busbw_collectives::link::nodes::NodeMap;
@@ -30,17 +31,32 @@ pub fn unsplittable(map: &NodeMap) -> Option<String> {
 }
 
 /// Gives the session's communicator its node and rail communicators (every rank calls it,
-/// like a collective) when the job is on several hosts, its device buffers may go GPU to
-/// GPU (`map_peers`: `--transport shm` or `auto`) and its ranks split by host
-/// ([`unsplittable`]). Returns why not when the job is on several hosts and cannot;
-/// `None` otherwise.
+/// like a collective): see [`split`]. `None` also for a job on one host.
 pub fn give_hierarchy(
     session: &mut Session,
     world: &World,
     opts: &JoinOptions,
     plan: &Plan,
 ) -> Result<Option<String>> {
-    let comm = &session.comm;
+    if session.comm.node_map().node_count() < 2 {
+        return Ok(None);
+    }
+    let factory = crate::transport::session_factory(session, world, opts, plan)?;
+    let ranks: Vec<usize> = (0..session.comm.size()).collect();
+    Ok(split(&mut session.comm, &factory, "hier", &ranks)?)
+}
+
+/// Gives `comm` (whose rank i is job rank `ranks[i]`: the job's, or a group's) its node and
+/// rail communicators, named under `name`, when its ranks are on several hosts, its device
+/// buffers may go GPU to GPU (`map_peers`: `--transport shm` or `auto`) and its ranks split
+/// by host ([`unsplittable`]). Every member calls it, like a collective. Returns why not when
+/// the ranks are on several hosts and cannot be split; `None` when split, or on one host.
+pub fn split(
+    comm: &mut Communicator,
+    factory: &crate::Factory,
+    name: &str,
+    ranks: &[usize],
+) -> Result<Option<String>, BuildError> {
     let map = comm.node_map();
     if map.node_count() < 2 {
         return Ok(None);
@@ -54,32 +70,25 @@ pub fn give_hierarchy(
     if let Some(why) = unsplittable(map) {
         return Ok(Some(why));
     }
-    let factory = crate::transport::session_factory(session, world, opts, plan)?;
-    let h = build(&session.comm, &factory)?;
-    peer::set_hierarchy(&mut session.comm, h);
-    Ok(None)
-}
-
-/// This rank's host's and rail's communicators (the job's map already checked).
-fn build(world: &Communicator, factory: &crate::Factory) -> Result<Hierarchy> {
-    let (n, g) = (world.size(), world.rank());
-    let per = n / world.node_map().node_count();
-    let (host, l) = (g / per, g % per);
-    let group = |name: String, members: Vec<usize>| {
-        let nodes: Vec<usize> = members.iter().map(|&r| world.nodes()[r]).collect();
-        factory
-            .build(&name, &members, &nodes)
-            .with_context(|| format!("building the communicator of {name}"))
+    let (n, me) = (comm.size(), comm.rank());
+    let per = n / map.node_count();
+    let (host, l) = (me / per, me % per);
+    let group = |what: String, members: Vec<usize>| {
+        let nodes: Vec<usize> = members.iter().map(|&i| comm.nodes()[i]).collect();
+        let global: Vec<usize> = members.iter().map(|&i| ranks[i]).collect();
+        factory.build(&format!("{name}/{what}"), &global, &nodes)
     };
     let node = group(
-        format!("hier/node/{host}"),
+        format!("node/{host}"),
         (host * per..(host + 1) * per).collect(),
     )?;
     let rail = group(
-        format!("hier/rail/{l}"),
+        format!("rail/{l}"),
         (0..n / per).map(|x| x * per + l).collect(),
     )?;
-    Ok(Hierarchy::new(world, node, rail)?)
+    let h = Hierarchy::new(comm, node, rail)?;
+    peer::set_hierarchy(comm, h);
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -97,11 +106,13 @@ mod tests {
     use std::time::Duration;
 
     /// The groups built through the store are each rank's host and rail, in the places the
-    /// hierarchy wants them: 2 hosts of 2 ranks, device data on simulated devices that reach
-    /// each other within a host, an AllReduce that runs across hosts and sums right.
+    /// hierarchy wants them: a group of job ranks 10-13 on 2 hosts of 2, device data on
+    /// simulated devices that reach each other within a host, an AllReduce that runs across
+    /// hosts and sums right.
     #[test]
     fn the_groups_built_are_each_ranks_host_and_rail() {
         let (n, count) = (4usize, 1000usize);
+        let ranks: Vec<usize> = (10..14).collect();
         let store = Arc::new(MemoryStore::new());
         store.set("job", b"42").unwrap();
         let cfg = CommConfig {
@@ -124,7 +135,7 @@ mod tests {
             let factory = crate::Factory::new(
                 store.clone(),
                 None,
-                g,
+                ranks[g],
                 Duration::from_secs(20),
                 Abort::new(),
                 Box::new(
@@ -135,8 +146,7 @@ mod tests {
             )
             .unwrap()
             .map_peers(true);
-            let h = build(comm, &factory).unwrap();
-            peer::set_hierarchy(comm, h);
+            assert_eq!(split(comm, &factory, "t2/g0", &ranks).unwrap(), None);
             let mut sim = SimDevice::new(Duration::ZERO, g as u64).ipc((g / 2) as u64);
             let bytes = count * 4;
             let (mut send, mut recv) = (vec![0u8; bytes], vec![0u8; bytes]);

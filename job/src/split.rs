@@ -5,7 +5,7 @@ use crate::error::{Context, Result};
 use crate::{JoinOptions, Session};
 use busbw_collectives::Communicator;
 use busbw_launchers::World;
-use busbw_measure::plan::Split;
+use busbw_measure::plan::{Engine, Split};
 use busbw_measure::Plan;
 
 /// `NCCL_TESTS_SPLIT`: the groups of a job of `n` ranks, as (color, members) in order of
@@ -40,7 +40,9 @@ impl SplitGroup {
     }
 
     /// This rank's communicator in its group: transports chosen as the job's were
-    /// (`--transport`, the same RDMA port), connections of its own.
+    /// (`--transport`, the same RDMA port), connections of its own; with device buffers on
+    /// busbw's own engine, split by host and rail when the group spans hosts
+    /// ([`crate::hosts::split`]).
     pub fn communicator(
         &self,
         session: &Session,
@@ -54,9 +56,18 @@ impl SplitGroup {
             .iter()
             .map(|&r| session.comm.nodes().get(r).copied().unwrap_or(r))
             .collect();
-        factory
-            .build(&format!("split/{}", self.color()), self.members(), &nodes)
-            .with_context(|| format!("building the communicator of split group {}", self.color()))
+        let name = format!("split/{}", self.color());
+        let mut comm = factory
+            .build(&name, self.members(), &nodes)
+            .with_context(|| {
+                format!("building the communicator of split group {}", self.color())
+            })?;
+        if plan.gpus > 0 && plan.engine == Engine::Own {
+            crate::hosts::split(&mut comm, &factory, &name, self.members()).with_context(|| {
+                format!("splitting split group {} by host and rail", self.color())
+            })?;
+        }
+        Ok(comm)
     }
 }
 

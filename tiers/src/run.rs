@@ -542,6 +542,22 @@ fn run_groups(
                 what: format!("building the communicator of tier {ti} group {g}"),
                 source: Box::new(source),
             });
+        // Device data of a group across hosts: GPU to GPU inside each host, as the whole
+        // job's (busbw_job::hosts).
+        let split = dev.is_some() && plan.engine == Engine::Own;
+        let built = built.and_then(|mut comm| {
+            if split {
+                busbw_job::hosts::split(&mut comm, f, &format!("{tag}/g{g}"), &grp.ranks).map_err(
+                    |source| Error::Group {
+                        what: format!(
+                            "splitting tier {ti} group {g} by host and rail for its device data"
+                        ),
+                        source: Box::new(source),
+                    },
+                )?;
+            }
+            Ok(comm)
+        });
         let (run, first) = match built {
             Ok(mut comm) => {
                 let what = format!("tier {ti} group {g} (ranks {:?})", grp.ranks);
