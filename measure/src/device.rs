@@ -607,7 +607,7 @@ mod imp {
                 };
             Ok(format!(
                 "{inside}; between hosts one rail per local rank, {rail_line}: AllReduce, \
-                 ReduceScatter, AllGather, Broadcast and Reduce; AlltoAll, AlltoAllv, Scatter, \
+                 ReduceScatter, AllGather, Broadcast, Reduce and AlltoAll; AlltoAllv, Scatter, \
                  Gather, SendRecv and HyperCube staged"
             ))
         }

@@ -275,6 +275,65 @@ fn alltoall_host(
     alltoallv_host(comm, data, &sizes, &sizes)
 }
 
+/// AlltoAll's blocks to and from the ranks outside `local` (this rank's host's ranks, whose
+/// blocks the hierarchical AlltoAll moves GPU to GPU itself), through the twins of those
+/// blocks only: what the host's blocks hold is neither staged nor touched.
+pub(crate) fn alltoall_remote(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    count: usize,
+    dtype: DataType,
+    local: std::ops::Range<usize>,
+) -> Result<(), CommError> {
+    let (n, r) = (comm.size(), comm.rank());
+    let kb = bytes_of(count, dtype)?;
+    let total = n * kb;
+    let b = data.bufs(r, "alltoall", total, total, dtype, (0, 0))?;
+    let (src, dst, mut space) = (b.src, b.dst, b.space);
+    let (lo, hi) = (local.start * kb, local.end * kb);
+    // SAFETY: `local` lies inside the n blocks the buffers were checked for.
+    let (ins, outs) = unsafe {
+        (
+            [(src, lo), (src.add(hi), total - hi)],
+            [(dst, lo), (dst.add(hi), total - hi)],
+        )
+    };
+    space.around(comm, "alltoall", &ins, &outs, |comm| {
+        let mut from = src;
+        // SAFETY: every block lies inside the checked buffers; in place, the blocks sent
+        // are read from a copy, since receives overwrite blocks not yet sent.
+        unsafe {
+            if std::ptr::eq(src, dst) {
+                let copy = scratch::<u8>(comm, total)?;
+                for &(p, len) in &ins {
+                    std::ptr::copy_nonoverlapping(p, copy.add(p.offset_from(src) as usize), len);
+                }
+                from = copy;
+            }
+            let mut xfers = Vec::with_capacity(2 * n);
+            for i in 1..n {
+                let (to, back) = ((r + i) % n, (r + n - i) % n);
+                if !local.contains(&to) {
+                    xfers.push(Xfer::Send {
+                        peer: to,
+                        ptr: from.add(to * kb),
+                        len: kb,
+                    });
+                }
+                if !local.contains(&back) {
+                    xfers.push(Xfer::Recv {
+                        peer: back,
+                        ptr: dst.add(back * kb),
+                        len: kb,
+                    });
+                }
+            }
+            let regions = [(from, total), (dst as *const u8, total)];
+            exchange(comm, &xfers, &regions, 0, "alltoall")
+        }
+    })
+}
+
 /// Scatter: block j of `root`'s input (`count` elements each) goes to rank j. In place, the
 /// buffer is the input and rank r's output is its block r.
 pub fn scatter(

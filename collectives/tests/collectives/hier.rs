@@ -19,6 +19,7 @@ fn split(kind: Kind) -> bool {
             | Kind::AllGather
             | Kind::Broadcast
             | Kind::Reduce
+            | Kind::Alltoall
     )
 }
 

@@ -18,18 +18,22 @@
 //! | AllGather | AllGather into the host's blocks | AllGather of them | |
 //! | Broadcast | | Broadcast (the root's rail) | Broadcast |
 //! | Reduce | Reduce into workspace | Reduce (the root's rail) | |
+//! | AlltoAll | AlltoAll of the host's blocks | | |
+//!
+//! AlltoAll's blocks for other hosts go over the job's own communicator, staged through
+//! their twins alone (each is one rank's, to one rank: no rail to share it).
 //!
 //! An AllReduce count that the host's ranks do not divide leaves a tail of fewer elements
 //! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
 //! the job before the first step and `avg` divides by the job's size after the sum, both as
-//! the flat path does, so every step sums and the result is the same bits. The point-to-point
-//! collectives (AlltoAll, AlltoAllv, Scatter, Gather, SendRecv, HyperCube) stay staged.
+//! the flat path does, so every step sums and the result is the same bits. The other
+//! point-to-point collectives (AlltoAllv, Scatter, Gather, SendRecv, HyperCube) stay staged.
 //!
 //! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
 
 use super::{Call, Kind};
-use crate::algorithms::{chain, doubling, ring, tree};
+use crate::algorithms::{chain, doubling, grouped, ring, tree};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::data::Data;
 use crate::engine::space::MemorySpace;
@@ -88,7 +92,12 @@ impl Hierarchy {
 pub(crate) fn applies(kind: Kind) -> bool {
     matches!(
         kind,
-        Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather | Kind::Broadcast | Kind::Reduce
+        Kind::AllReduce
+            | Kind::ReduceScatter
+            | Kind::AllGather
+            | Kind::Broadcast
+            | Kind::Reduce
+            | Kind::Alltoall
     )
 }
 
@@ -106,14 +115,15 @@ enum Group {
 /// `src` and `dst` lie inside the device's mirrors for the call's sizes and stay valid for
 /// the call; in place, they point into one buffer.
 pub(crate) unsafe fn run(
+    world: &mut Communicator,
     h: &mut Hierarchy,
-    g: usize,
     d: &mut dyn Offload,
     c: &Call<'_>,
     src: *const u8,
     dst: *mut u8,
     in_place: bool,
 ) -> Result<(), CommError> {
+    let g = world.rank();
     let (ranks, hosts) = (h.node.size(), h.rail.size());
     let n = ranks * hosts;
     let (l, host) = (h.node.rank(), h.rail.rank());
@@ -237,6 +247,25 @@ pub(crate) unsafe fn run(
             if avg && g == c.root {
                 divide(d, dst, count, dtype, n).map_err(dev)?;
             }
+        }
+        Kind::Alltoall => {
+            // The host's blocks GPU to GPU among its ranks, then the other hosts' blocks
+            // over the job's communicator, staged through their twins alone.
+            let chunk = ranks * kb;
+            let ours = host * chunk;
+            let x = if in_place {
+                inplace(d, dst.add(ours), chunk)
+            } else {
+                oop(d, src.add(ours), chunk, dst.add(ours), chunk)
+            };
+            grouped::alltoall(node, x, count, dtype).map_err(on(Group::Node))?;
+            let x = if in_place {
+                inplace(d, dst, n * kb)
+            } else {
+                oop(d, src, n * kb, dst, n * kb)
+            };
+            let local = host * ranks..(host + 1) * ranks;
+            grouped::alltoall_remote(world, x, count, dtype, local)?;
         }
         _ => {
             return Err(CommError::Invalid(format!(

@@ -28,8 +28,8 @@
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
 //!
 //! A job of several hosts gives its communicator a [`Hierarchy`] ([`set_hierarchy`]): the
-//! reductions, AllGather and Broadcast then run GPU to GPU inside each host and cross hosts
-//! by rail ([`hier`]).
+//! reductions, AllGather, Broadcast and AlltoAll then run GPU to GPU inside each host and
+//! cross hosts by rail ([`hier`]).
 
 mod hier;
 
@@ -255,7 +255,7 @@ pub(crate) fn offer<'a>(
     if hier::applies(call.kind) {
         if let Some(mut h) = comm.kept::<Peers>().hier.take() {
             // SAFETY: as for `run` below.
-            let r = unsafe { hier::run(&mut h, me, d, &call, src, dst, in_place) };
+            let r = unsafe { hier::run(comm, &mut h, d, &call, src, dst, in_place) };
             let st = comm.kept::<Peers>();
             st.hier = Some(h);
             st.across += u64::from(r.is_ok());
