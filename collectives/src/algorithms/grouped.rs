@@ -275,36 +275,47 @@ fn alltoall_host(
     alltoallv_host(comm, data, &sizes, &sizes)
 }
 
-/// AlltoAll's blocks to and from the ranks outside `local` (this rank's host's ranks, whose
-/// blocks the hierarchical AlltoAll moves GPU to GPU itself), through the twins of those
-/// blocks only: what the host's blocks hold is neither staged nor touched.
-pub(crate) fn alltoall_remote(
+/// AlltoAllv's blocks to and from the ranks outside `local` (this rank's host's ranks, whose
+/// blocks the hierarchical AlltoAll and AlltoAllv move GPU to GPU themselves), through the
+/// twins of those blocks only: what the host's blocks hold is neither staged nor touched.
+/// Sizes as [`alltoallv`]'s, already checked.
+pub(crate) fn alltoallv_remote(
     comm: &mut Communicator,
     data: Data<'_>,
-    count: usize,
-    dtype: DataType,
+    (send_bytes, recv_bytes): (&[usize], &[usize]),
     local: std::ops::Range<usize>,
+    name: &'static str,
 ) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
-    let kb = bytes_of(count, dtype)?;
-    let total = n * kb;
-    let b = data.bufs(r, "alltoall", total, total, dtype, (0, 0))?;
+    // Offsets of every block, and the total after the last.
+    let offsets = |sizes: &[usize]| -> Vec<usize> {
+        std::iter::once(0)
+            .chain(sizes.iter().scan(0, |at, &s| {
+                *at += s;
+                Some(*at)
+            }))
+            .collect()
+    };
+    let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
+    let (stotal, rtotal) = (soff[n], roff[n]);
+    let b = data.bufs(r, name, stotal, rtotal, DataType::Uint8, (0, 0))?;
     let (src, dst, mut space) = (b.src, b.dst, b.space);
-    let (lo, hi) = (local.start * kb, local.end * kb);
-    // SAFETY: `local` lies inside the n blocks the buffers were checked for.
+    let (s_lo, s_hi) = (soff[local.start], soff[local.end]);
+    let (r_lo, r_hi) = (roff[local.start], roff[local.end]);
+    // SAFETY: the offsets lie inside the buffers checked for the totals.
     let (ins, outs) = unsafe {
         (
-            [(src, lo), (src.add(hi), total - hi)],
-            [(dst, lo), (dst.add(hi), total - hi)],
+            [(src, s_lo), (src.add(s_hi), stotal - s_hi)],
+            [(dst, r_lo), (dst.add(r_hi), rtotal - r_hi)],
         )
     };
-    space.around(comm, "alltoall", &ins, &outs, |comm| {
+    space.around(comm, name, &ins, &outs, |comm| {
         let mut from = src;
         // SAFETY: every block lies inside the checked buffers; in place, the blocks sent
         // are read from a copy, since receives overwrite blocks not yet sent.
         unsafe {
-            if std::ptr::eq(src, dst) {
-                let copy = scratch::<u8>(comm, total)?;
+            if std::ptr::eq(src, dst) && stotal > 0 {
+                let copy = scratch::<u8>(comm, stotal)?;
                 for &(p, len) in &ins {
                     std::ptr::copy_nonoverlapping(p, copy.add(p.offset_from(src) as usize), len);
                 }
@@ -316,20 +327,20 @@ pub(crate) fn alltoall_remote(
                 if !local.contains(&to) {
                     xfers.push(Xfer::Send {
                         peer: to,
-                        ptr: from.add(to * kb),
-                        len: kb,
+                        ptr: from.add(soff[to]),
+                        len: send_bytes[to],
                     });
                 }
                 if !local.contains(&back) {
                     xfers.push(Xfer::Recv {
                         peer: back,
-                        ptr: dst.add(back * kb),
-                        len: kb,
+                        ptr: dst.add(roff[back]),
+                        len: recv_bytes[back],
                     });
                 }
             }
-            let regions = [(from, total), (dst as *const u8, total)];
-            exchange(comm, &xfers, &regions, 0, "alltoall")
+            let regions = [(from, stotal), (dst as *const u8, rtotal)];
+            exchange(comm, &xfers, &regions, 0, name)
         }
     })
 }

@@ -141,17 +141,11 @@ pub(crate) fn run_case_on(
     })
 }
 
-/// The case on `hosts` simulated hosts of `c.n / hosts` ranks each, numbered host by host:
-/// each host's devices reach each other (one IPC island per host) and no other host's, and
-/// every rank's communicator has its node and rail communicators. Returns per rank the wrong
-/// elements, the device's counts and how many calls ran across hosts through them.
-pub(crate) fn run_case_across_hosts(
-    c: Case,
-    hosts: usize,
-    jitter: Duration,
-) -> Vec<(u64, Counts, u64)> {
-    let per = c.n / hosts;
-    assert_eq!(per * hosts, c.n, "{c:?}: {hosts} hosts");
+/// `n` thread ranks on `hosts` simulated hosts of `n / hosts` ranks each, numbered host by
+/// host, each rank's communicator given its node and rail communicators.
+pub(crate) fn world_across_hosts(n: usize, hosts: usize) -> Vec<Communicator> {
+    let per = n / hosts;
+    assert_eq!(per * hosts, n, "{n} ranks on {hosts} hosts");
     let cfg = CommConfig {
         timeout: Duration::from_secs(20),
         map_peers: true,
@@ -169,15 +163,29 @@ pub(crate) fn run_case_across_hosts(
             rail
         })
         .collect();
-    let mut world = thread_world(c.n, ThreadTransport::Inproc, cfg).unwrap();
+    let mut world = thread_world(n, ThreadTransport::Inproc, cfg).unwrap();
     // Taken from the back, so that each host's and each rail's communicators pop in order.
     for (g, comm) in world.iter_mut().enumerate().rev() {
-        comm.set_nodes((0..c.n).map(|r| r / per).collect()).unwrap();
+        comm.set_nodes((0..n).map(|r| r / per).collect()).unwrap();
         let node = nodes[g / per].pop().unwrap();
         let rail = rails[g % per].pop().unwrap();
         let h = peer::Hierarchy::new(comm, node, rail).unwrap();
         peer::set_hierarchy(comm, h);
     }
+    world
+}
+
+/// The case on `hosts` simulated hosts of `c.n / hosts` ranks each, numbered host by host:
+/// each host's devices reach each other (one IPC island per host) and no other host's, and
+/// every rank's communicator has its node and rail communicators. Returns per rank the wrong
+/// elements, the device's counts and how many calls ran across hosts through them.
+pub(crate) fn run_case_across_hosts(
+    c: Case,
+    hosts: usize,
+    jitter: Duration,
+) -> Vec<(u64, Counts, u64)> {
+    let per = c.n / hosts;
+    let world = world_across_hosts(c.n, hosts);
     let inputs: Vec<Bytes> = (0..c.n).map(|r| input_of(&c, r)).collect();
     let device = Dev {
         jitter,

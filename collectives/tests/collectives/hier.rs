@@ -1,9 +1,12 @@
 //! Device data across hosts: every collective, type and op on simulated hosts whose devices
 //! reach each other only within a host, with each rank's node and rail communicators.
 
-use crate::harness::run_case_across_hosts;
+use crate::harness::{run_case_across_hosts, world_across_hosts};
+use crate::ipc::{alltoallv_on, v_byte, v_size};
 use crate::reference::{device_kinds, Case, Kind};
+use busbw_collectives::algorithms::peer;
 use busbw_collectives::algorithms::peer::Hierarchy;
+use busbw_collectives::testing::run_threads;
 use busbw_collectives::testing::{thread_world, ThreadTransport};
 use busbw_collectives::DataType;
 use std::time::Duration;
@@ -108,4 +111,36 @@ fn a_hierarchy_needs_ranks_numbered_host_by_host() {
     );
     let (mut node, mut rail) = (two(), two());
     assert!(Hierarchy::new(&w[1], node.remove(1), rail.remove(0)).is_ok());
+}
+
+/// AlltoAllv with irregular sizes (zeros included) on 2 hosts of 2 and of 3 ranks: out of
+/// place it runs across hosts (the host's blocks GPU to GPU), in place it stages; every
+/// block lands at its sender's offset either way.
+#[test]
+fn alltoallv_runs_across_hosts_out_of_place() {
+    for (hosts, per) in [(2usize, 2usize), (2, 3)] {
+        let n = hosts * per;
+        for in_place in [false, true] {
+            let res = run_threads(world_across_hosts(n, hosts), |comm| {
+                let me = comm.rank();
+                let sends: Vec<usize> = (0..n).map(|j| v_size(me, j)).collect();
+                let recvs: Vec<usize> = (0..n).map(|j| v_size(j, me)).collect();
+                let island = (me / per) as u64;
+                let (res, got, k) = alltoallv_on(comm, island, (&sends, &recvs), in_place);
+                (recvs, res, got, k, peer::across_hosts(comm))
+            });
+            for (me, (recvs, res, got, k, across)) in res.into_iter().enumerate() {
+                let at = format!("{hosts} hosts of {per}, in place {in_place}, rank {me}");
+                res.unwrap();
+                let mut off = 0;
+                for (j, &len) in recvs.iter().enumerate() {
+                    let want: Vec<u8> = (0..len).map(|b| v_byte(j, me, b)).collect();
+                    assert_eq!(got[off..off + len], want[..], "{at}: block from {j}");
+                    off += len;
+                }
+                assert_eq!(across, u64::from(!in_place), "{at}");
+                assert_eq!(k.peer_opens > 0, !in_place, "{at}: {k:?}");
+            }
+        }
+    }
 }

@@ -370,25 +370,25 @@ fn a_failed_open_fails_every_rank_at_once_naming_who() {
 }
 
 /// Bytes rank `i` sends rank `j` in the AlltoAllv tests: irregular, zeros included.
-fn v_size(i: usize, j: usize) -> usize {
+pub(crate) fn v_size(i: usize, j: usize) -> usize {
     ((i * 3 + j * 5) % 7) * 24
 }
 
-fn v_byte(i: usize, j: usize, k: usize) -> u8 {
+pub(crate) fn v_byte(i: usize, j: usize, k: usize) -> u8 {
     (i * 64 + j * 16 + k % 13) as u8
 }
 
-/// One rank's AlltoAllv on a simulated device in IPC mode, sending `sends` and expecting
-/// `recvs`: what its device's output holds after the call, its counts, and the call's
-/// result.
-fn alltoallv_on(
+/// One rank's AlltoAllv on a simulated device in IPC mode (in `island`), sending `sends`
+/// and expecting `recvs`: what its device's output holds after the call, its counts, and
+/// the call's result.
+pub(crate) fn alltoallv_on(
     comm: &mut Communicator,
-    sends: &[usize],
-    recvs: &[usize],
+    island: u64,
+    (sends, recvs): (&[usize], &[usize]),
     in_place: bool,
 ) -> (Result<(), String>, Vec<u8>, Counts) {
     let me = comm.rank();
-    let mut sim = SimDevice::new(Duration::from_micros(5), me as u64).ipc(0);
+    let mut sim = SimDevice::new(Duration::from_micros(5), me as u64).ipc(island);
     let mut input = Vec::new();
     for (j, &s) in sends.iter().enumerate() {
         input.extend((0..s).map(|k| v_byte(me, j, k)));
@@ -428,7 +428,7 @@ fn alltoallv_runs_gpu_to_gpu_with_irregular_sizes() {
                 let me = comm.rank();
                 let sends: Vec<usize> = (0..n).map(|j| v_size(me, j)).collect();
                 let recvs: Vec<usize> = (0..n).map(|j| v_size(j, me)).collect();
-                let (res, got, k) = alltoallv_on(comm, &sends, &recvs, in_place);
+                let (res, got, k) = alltoallv_on(comm, 0, (&sends, &recvs), in_place);
                 let (ran, staged, _) = peer::tally(comm);
                 (me, recvs, res, got, k, (ran, staged))
             });
@@ -463,7 +463,9 @@ fn alltoallv_sizes_that_disagree_fail_every_rank_naming_who() {
         if me == 2 {
             recvs[0] -= 8;
         }
-        alltoallv_on(comm, &sends, &recvs, false).0.unwrap_err()
+        alltoallv_on(comm, 0, (&sends, &recvs), false)
+            .0
+            .unwrap_err()
     });
     assert!(
         started.elapsed() < Duration::from_secs(10),

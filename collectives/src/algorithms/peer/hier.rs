@@ -18,7 +18,7 @@
 //! | AllGather | AllGather into the host's blocks | AllGather of them | |
 //! | Broadcast | | Broadcast (the root's rail) | Broadcast |
 //! | Reduce | Reduce into workspace | Reduce (the root's rail) | |
-//! | AlltoAll | AlltoAll of the host's blocks | | |
+//! | AlltoAll, AlltoAllv (out of place) | AlltoAll(v) of the host's blocks | | |
 //!
 //! AlltoAll's blocks for other hosts go over the job's own communicator, staged through
 //! their twins alone (each is one rank's, to one rank: no rail to share it).
@@ -27,7 +27,7 @@
 //! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
 //! the job before the first step and `avg` divides by the job's size after the sum, both as
 //! the flat path does, so every step sums and the result is the same bits. The other
-//! point-to-point collectives (AlltoAllv, Scatter, Gather, SendRecv, HyperCube) stay staged.
+//! point-to-point collectives (Scatter, Gather, SendRecv, HyperCube) stay staged.
 //!
 //! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
@@ -88,17 +88,19 @@ impl Hierarchy {
     }
 }
 
-/// Whether a collective runs hierarchically (the others stage).
-pub(crate) fn applies(kind: Kind) -> bool {
-    matches!(
-        kind,
+/// Whether a call runs hierarchically (the others stage). AlltoAllv in place is not split:
+/// its host's blocks need not start at the same offset as input and as output.
+pub(crate) fn applies(kind: Kind, in_place: bool) -> bool {
+    match kind {
         Kind::AllReduce
-            | Kind::ReduceScatter
-            | Kind::AllGather
-            | Kind::Broadcast
-            | Kind::Reduce
-            | Kind::Alltoall
-    )
+        | Kind::ReduceScatter
+        | Kind::AllGather
+        | Kind::Broadcast
+        | Kind::Reduce
+        | Kind::Alltoall => true,
+        Kind::Alltoallv => !in_place,
+        _ => false,
+    }
 }
 
 /// Which of the two communicators a step runs on, for its errors.
@@ -265,7 +267,22 @@ pub(crate) unsafe fn run(
                 oop(d, src, n * kb, dst, n * kb)
             };
             let local = host * ranks..(host + 1) * ranks;
-            grouped::alltoall_remote(world, x, count, dtype, local)?;
+            let sizes = vec![kb; n];
+            grouped::alltoallv_remote(world, x, (&sizes, &sizes), local, "alltoall")?;
+        }
+        Kind::Alltoallv => {
+            // As AlltoAll, with the host's blocks where the sizes put them (out of place).
+            let (sends, recvs) = (c.sends, c.recvs);
+            let local = host * ranks..(host + 1) * ranks;
+            let before = |sizes: &[usize], i: usize| sizes[..i].iter().sum::<usize>();
+            let (s_lo, s_hi) = (before(sends, local.start), before(sends, local.end));
+            let (r_lo, r_hi) = (before(recvs, local.start), before(recvs, local.end));
+            let x = oop(d, src.add(s_lo), s_hi - s_lo, dst.add(r_lo), r_hi - r_lo);
+            let (ls, lr) = (&sends[local.clone()], &recvs[local.clone()]);
+            grouped::alltoallv(node, x, ls, lr).map_err(on(Group::Node))?;
+            let (st, rt) = (before(sends, n), before(recvs, n));
+            let x = oop(d, src, st, dst, rt);
+            grouped::alltoallv_remote(world, x, (sends, recvs), local, "alltoallv")?;
         }
         _ => {
             return Err(CommError::Invalid(format!(

@@ -28,8 +28,8 @@
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
 //!
 //! A job of several hosts gives its communicator a [`Hierarchy`] ([`set_hierarchy`]): the
-//! reductions, AllGather, Broadcast and AlltoAll then run GPU to GPU inside each host and
-//! cross hosts by rail ([`hier`]).
+//! reductions, AllGather, Broadcast and the all-to-alls then run GPU to GPU inside each
+//! host and cross hosts by rail or over the job's communicator ([`hier`]).
 
 mod hier;
 
@@ -252,7 +252,7 @@ pub(crate) fn offer<'a>(
         return Ok(Some(data));
     };
     let d: &mut dyn Offload = &mut **d;
-    if hier::applies(call.kind) {
+    if hier::applies(call.kind, in_place) {
         if let Some(mut h) = comm.kept::<Peers>().hier.take() {
             // SAFETY: as for `run` below.
             let r = unsafe { hier::run(comm, &mut h, d, &call, src, dst, in_place) };
