@@ -607,8 +607,8 @@ mod imp {
                 };
             Ok(format!(
                 "{inside}; between hosts one rail per local rank, {rail_line}: AllReduce, \
-                 ReduceScatter, AllGather, Broadcast, Reduce, AlltoAll and AlltoAllv out of place; \
-                 Scatter, Gather, SendRecv and HyperCube staged"
+                 ReduceScatter, AllGather, Broadcast, Reduce, AlltoAll, AlltoAllv out of place, \
+                 Scatter, Gather and HyperCube; SendRecv staged"
             ))
         }
 

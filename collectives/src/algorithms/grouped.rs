@@ -275,10 +275,77 @@ fn alltoall_host(
     alltoallv_host(comm, data, &sizes, &sizes)
 }
 
+/// One block of a [`staged_blocks`] exchange: the peer, and the offset and length in this
+/// rank's input (a send) or output (a receive).
+pub(crate) type Block = (usize, usize, usize);
+
+/// Sends and receives `blocks` of a call's buffers (`src`, `sb` bytes; `dst`, `rb` bytes;
+/// one buffer in place) over the communicator, staging through the twins of those blocks
+/// alone: the hierarchical paths move the rest GPU to GPU themselves, so nothing else of
+/// the buffers is copied or touched.
+pub(crate) fn staged_blocks(
+    comm: &mut Communicator,
+    data: Data<'_>,
+    (sb, rb): (usize, usize),
+    (sends, recvs): (&[Block], &[Block]),
+    name: &'static str,
+) -> Result<(), CommError> {
+    let r = comm.rank();
+    let b = data.bufs(r, name, sb, rb, DataType::Uint8, (0, 0))?;
+    let (src, dst, mut space) = (b.src, b.dst, b.space);
+    let outside = |blocks: &[Block], size: usize| blocks.iter().find(|b| b.1 + b.2 > size).copied();
+    if let Some((p, at, len)) = outside(sends, sb).or(outside(recvs, rb)) {
+        return Err(CommError::Invalid(format!(
+            "rank {r}: {name}: a block of {len} bytes at {at} for rank {p} is outside the buffers"
+        )));
+    }
+    // SAFETY: each block was checked against its buffer's size above.
+    let (ins, outs): (Vec<_>, Vec<_>) = unsafe {
+        (
+            sends
+                .iter()
+                .map(|&(_, at, len)| (src.add(at), len))
+                .collect(),
+            recvs
+                .iter()
+                .map(|&(_, at, len)| (dst.add(at), len))
+                .collect(),
+        )
+    };
+    space.around(comm, name, &ins, &outs, |comm| {
+        let mut from = src;
+        // SAFETY: as above; in place, the blocks sent are read from a copy, since receives
+        // may overwrite blocks not yet sent.
+        unsafe {
+            if std::ptr::eq(src, dst) && !sends.is_empty() {
+                let copy = scratch::<u8>(comm, sb)?;
+                for &(_, at, len) in sends {
+                    std::ptr::copy_nonoverlapping(src.add(at), copy.add(at), len);
+                }
+                from = copy;
+            }
+            let xfers: Vec<Xfer> = sends
+                .iter()
+                .map(|&(peer, at, len)| Xfer::Send {
+                    peer,
+                    ptr: from.add(at),
+                    len,
+                })
+                .chain(recvs.iter().map(|&(peer, at, len)| Xfer::Recv {
+                    peer,
+                    ptr: dst.add(at),
+                    len,
+                }))
+                .collect();
+            let regions = [(from, sb), (dst as *const u8, rb)];
+            exchange(comm, &xfers, &regions, 0, name)
+        }
+    })
+}
+
 /// AlltoAllv's blocks to and from the ranks outside `local` (this rank's host's ranks, whose
-/// blocks the hierarchical AlltoAll and AlltoAllv move GPU to GPU themselves), through the
-/// twins of those blocks only: what the host's blocks hold is neither staged nor touched.
-/// Sizes as [`alltoallv`]'s, already checked.
+/// blocks the hierarchical AlltoAll and AlltoAllv move GPU to GPU themselves), through
+/// [`staged_blocks`]. Sizes as [`alltoallv`]'s, already checked.
 pub(crate) fn alltoallv_remote(
     comm: &mut Communicator,
     data: Data<'_>,
@@ -287,7 +354,6 @@ pub(crate) fn alltoallv_remote(
     name: &'static str,
 ) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
-    // Offsets of every block, and the total after the last.
     let offsets = |sizes: &[usize]| -> Vec<usize> {
         std::iter::once(0)
             .chain(sizes.iter().scan(0, |at, &s| {
@@ -297,52 +363,19 @@ pub(crate) fn alltoallv_remote(
             .collect()
     };
     let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
-    let (stotal, rtotal) = (soff[n], roff[n]);
-    let b = data.bufs(r, name, stotal, rtotal, DataType::Uint8, (0, 0))?;
-    let (src, dst, mut space) = (b.src, b.dst, b.space);
-    let (s_lo, s_hi) = (soff[local.start], soff[local.end]);
-    let (r_lo, r_hi) = (roff[local.start], roff[local.end]);
-    // SAFETY: the offsets lie inside the buffers checked for the totals.
-    let (ins, outs) = unsafe {
-        (
-            [(src, s_lo), (src.add(s_hi), stotal - s_hi)],
-            [(dst, r_lo), (dst.add(r_hi), rtotal - r_hi)],
-        )
-    };
-    space.around(comm, name, &ins, &outs, |comm| {
-        let mut from = src;
-        // SAFETY: every block lies inside the checked buffers; in place, the blocks sent
-        // are read from a copy, since receives overwrite blocks not yet sent.
-        unsafe {
-            if std::ptr::eq(src, dst) && stotal > 0 {
-                let copy = scratch::<u8>(comm, stotal)?;
-                for &(p, len) in &ins {
-                    std::ptr::copy_nonoverlapping(p, copy.add(p.offset_from(src) as usize), len);
-                }
-                from = copy;
-            }
-            let mut xfers = Vec::with_capacity(2 * n);
-            for i in 1..n {
-                let (to, back) = ((r + i) % n, (r + n - i) % n);
-                if !local.contains(&to) {
-                    xfers.push(Xfer::Send {
-                        peer: to,
-                        ptr: from.add(soff[to]),
-                        len: send_bytes[to],
-                    });
-                }
-                if !local.contains(&back) {
-                    xfers.push(Xfer::Recv {
-                        peer: back,
-                        ptr: dst.add(roff[back]),
-                        len: recv_bytes[back],
-                    });
-                }
-            }
-            let regions = [(from, stotal), (dst as *const u8, rtotal)];
-            exchange(comm, &xfers, &regions, 0, name)
-        }
-    })
+    // In ring order from this rank, as the flat AlltoAllv posts them.
+    let others: Vec<(usize, usize)> = (1..n).map(|i| ((r + i) % n, (r + n - i) % n)).collect();
+    let sends: Vec<Block> = others
+        .iter()
+        .filter(|&&(to, _)| !local.contains(&to))
+        .map(|&(to, _)| (to, soff[to], send_bytes[to]))
+        .collect();
+    let recvs: Vec<Block> = others
+        .iter()
+        .filter(|&&(_, back)| !local.contains(&back))
+        .map(|&(_, back)| (back, roff[back], recv_bytes[back]))
+        .collect();
+    staged_blocks(comm, data, (soff[n], roff[n]), (&sends, &recvs), name)
 }
 
 /// Scatter: block j of `root`'s input (`count` elements each) goes to rank j. In place, the

@@ -19,15 +19,18 @@
 //! | Broadcast | | Broadcast (the root's rail) | Broadcast |
 //! | Reduce | Reduce into workspace | Reduce (the root's rail) | |
 //! | AlltoAll, AlltoAllv (out of place) | AlltoAll(v) of the host's blocks | | |
+//! | Scatter, Gather | on the root's host only | | |
+//! | HyperCube | as AllGather | | |
 //!
-//! AlltoAll's blocks for other hosts go over the job's own communicator, staged through
-//! their twins alone (each is one rank's, to one rank: no rail to share it).
+//! The all-to-alls', Scatter's and Gather's blocks for other hosts go over the job's own
+//! communicator, staged through their twins alone (each is one rank's, to one rank: no rail
+//! to share it).
 //!
 //! An AllReduce count that the host's ranks do not divide leaves a tail of fewer elements
 //! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
 //! the job before the first step and `avg` divides by the job's size after the sum, both as
-//! the flat path does, so every step sums and the result is the same bits. The other
-//! point-to-point collectives (Scatter, Gather, SendRecv, HyperCube) stay staged.
+//! the flat path does, so every step sums and the result is the same bits. SendRecv (a ring
+//! shift that crosses each host boundary once) and AlltoAllv in place stay staged.
 //!
 //! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
@@ -97,7 +100,10 @@ pub(crate) fn applies(kind: Kind, in_place: bool) -> bool {
         | Kind::AllGather
         | Kind::Broadcast
         | Kind::Reduce
-        | Kind::Alltoall => true,
+        | Kind::Alltoall
+        | Kind::Scatter
+        | Kind::Gather
+        | Kind::HyperCube => true,
         Kind::Alltoallv => !in_place,
         _ => false,
     }
@@ -208,7 +214,9 @@ pub(crate) unsafe fn run(
                 divide(d, dst, count, dtype, n).map_err(dev)?;
             }
         }
-        Kind::AllGather => {
+        // The HyperCube's result is the AllGather's; inside a host the peer path pulls it
+        // as AllGather, so across hosts it takes the AllGather's steps too.
+        Kind::AllGather | Kind::HyperCube => {
             // `dst` is the whole output; in place, this rank's input sits in its block.
             let chunk = ranks * kb;
             let ours = dst.add(host * chunk);
@@ -283,6 +291,76 @@ pub(crate) unsafe fn run(
             let (st, rt) = (before(sends, n), before(recvs, n));
             let x = oop(d, src, st, dst, rt);
             grouped::alltoallv_remote(world, x, (sends, recvs), local, "alltoallv")?;
+        }
+        Kind::Scatter | Kind::Gather => {
+            // The root's host's blocks GPU to GPU from (or to) the root's local rank; the
+            // other hosts' blocks straight between the root and their ranks, staged.
+            let (root_host, root_local) = (c.root / ranks, c.root % ranks);
+            let scatter = c.kind == Kind::Scatter;
+            let at_root = g == c.root;
+            let chunk = ranks * kb;
+            // In place the one buffer is numbered in blocks from the start of a Scatter's
+            // input or a Gather's output, this rank's own block at g; a non-root's need not
+            // go further.
+            let whole = if scatter { src as *mut u8 } else { dst };
+            let len = if at_root { n * kb } else { (g + 1) * kb };
+            if host == root_host {
+                let base = root_host * chunk;
+                let x = if in_place {
+                    let mine = if at_root { chunk } else { (l + 1) * kb };
+                    inplace(d, whole.add(base), mine)
+                } else if scatter {
+                    let (s, sl) = if at_root {
+                        (src.add(base), chunk)
+                    } else {
+                        (src, 0)
+                    };
+                    oop(d, s, sl, dst, kb)
+                } else {
+                    let (t, tl) = if at_root {
+                        (dst.add(base), chunk)
+                    } else {
+                        (dst, 0)
+                    };
+                    oop(d, src, kb, t, tl)
+                };
+                if scatter {
+                    grouped::scatter(node, x, count, dtype, root_local)
+                } else {
+                    grouped::gather(node, x, count, dtype, root_local)
+                }
+                .map_err(on(Group::Node))?;
+            }
+            let theirs: Vec<grouped::Block> = if at_root {
+                (0..n)
+                    .filter(|p| p / ranks != root_host)
+                    .map(|p| (p, p * kb, kb))
+                    .collect()
+            } else if host != root_host {
+                vec![(c.root, if in_place { g * kb } else { 0 }, kb)]
+            } else {
+                Vec::new()
+            };
+            if !theirs.is_empty() {
+                // The root sends a Scatter's blocks and receives a Gather's.
+                let (sends, recvs): (&[_], &[_]) = if scatter == at_root {
+                    (&theirs, &[])
+                } else {
+                    (&[], &theirs)
+                };
+                let (x, sizes) = if in_place {
+                    (inplace(d, whole, len), (len, len))
+                } else {
+                    let (sb, rb) = match (scatter, at_root) {
+                        (true, true) => (n * kb, kb),
+                        (true, false) => (0, kb),
+                        (false, true) => (kb, n * kb),
+                        (false, false) => (kb, 0),
+                    };
+                    (oop(d, src, sb, dst, rb), (sb, rb))
+                };
+                grouped::staged_blocks(world, x, sizes, (sends, recvs), c.name)?;
+            }
         }
         _ => {
             return Err(CommError::Invalid(format!(

@@ -28,8 +28,8 @@
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
 //!
 //! A job of several hosts gives its communicator a [`Hierarchy`] ([`set_hierarchy`]): the
-//! reductions, AllGather, Broadcast and the all-to-alls then run GPU to GPU inside each
-//! host and cross hosts by rail or over the job's communicator ([`hier`]).
+//! collectives but SendRecv then run GPU to GPU inside each host and cross hosts by rail or
+//! over the job's communicator ([`hier`]).
 
 mod hier;
 
