@@ -607,8 +607,8 @@ mod imp {
                 };
             Ok(format!(
                 "{inside}; between hosts one rail per local rank, {rail_line}: AllReduce, \
-                 ReduceScatter, AllGather, Broadcast, Reduce, AlltoAll, AlltoAllv out of place, \
-                 Scatter, Gather and HyperCube; SendRecv staged"
+                 ReduceScatter, AllGather, Broadcast, Reduce, AlltoAll, Scatter, Gather and \
+                 HyperCube; AlltoAllv and SendRecv out of place (in place staged)"
             ))
         }
 

@@ -21,16 +21,17 @@
 //! | AlltoAll, AlltoAllv (out of place) | AlltoAll(v) of the host's blocks | | |
 //! | Scatter, Gather | on the root's host only | | |
 //! | HyperCube | as AllGather | | |
+//! | SendRecv (out of place) | AlltoAllv of one block to the next local rank | | |
 //!
-//! The all-to-alls', Scatter's and Gather's blocks for other hosts go over the job's own
-//! communicator, staged through their twins alone (each is one rank's, to one rank: no rail
-//! to share it).
+//! The all-to-alls', Scatter's, Gather's and SendRecv's blocks for other hosts go over the
+//! job's own communicator, staged through their twins alone (each is one rank's, to one
+//! rank: no rail to share it).
 //!
 //! An AllReduce count that the host's ranks do not divide leaves a tail of fewer elements
 //! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
 //! the job before the first step and `avg` divides by the job's size after the sum, both as
-//! the flat path does, so every step sums and the result is the same bits. SendRecv (a ring
-//! shift that crosses each host boundary once) and AlltoAllv in place stay staged.
+//! the flat path does, so every step sums and the result is the same bits. AlltoAllv and
+//! SendRecv in place stay staged.
 //!
 //! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
@@ -91,22 +92,12 @@ impl Hierarchy {
     }
 }
 
-/// Whether a call runs hierarchically (the others stage). AlltoAllv in place is not split:
-/// its host's blocks need not start at the same offset as input and as output.
+/// Whether a call runs hierarchically: every collective does, but AlltoAllv in place (its
+/// host's blocks need not start at one offset as input and as output) and SendRecv in place
+/// (its block crossing into the next host is the one its first rank's local receive would
+/// overwrite first).
 pub(crate) fn applies(kind: Kind, in_place: bool) -> bool {
-    match kind {
-        Kind::AllReduce
-        | Kind::ReduceScatter
-        | Kind::AllGather
-        | Kind::Broadcast
-        | Kind::Reduce
-        | Kind::Alltoall
-        | Kind::Scatter
-        | Kind::Gather
-        | Kind::HyperCube => true,
-        Kind::Alltoallv => !in_place,
-        _ => false,
-    }
+    !in_place || !matches!(kind, Kind::Alltoallv | Kind::SendRecv)
 }
 
 /// Which of the two communicators a step runs on, for its errors.
@@ -292,6 +283,30 @@ pub(crate) unsafe fn run(
             let x = oop(d, src, st, dst, rt);
             grouped::alltoallv_remote(world, x, (sends, recvs), local, "alltoallv")?;
         }
+        Kind::SendRecv => {
+            // The ring shift inside the host: a node AlltoAllv of one block to the next local
+            // rank; the host's last rank's block crosses to the next host's first, staged.
+            let (to_next, from_prev) = (l + 1 < ranks, l > 0);
+            let (mut sends, mut recvs) = (vec![0; ranks], vec![0; ranks]);
+            if to_next {
+                sends[l + 1] = kb;
+            }
+            if from_prev {
+                recvs[l - 1] = kb;
+            }
+            let x = oop(d, src, sends.iter().sum(), dst, recvs.iter().sum());
+            grouped::alltoallv(node, x, &sends, &recvs).map_err(on(Group::Node))?;
+            let out: Vec<grouped::Block> = match to_next {
+                false => vec![((g + 1) % n, 0, kb)],
+                true => Vec::new(),
+            };
+            let inn: Vec<grouped::Block> = match from_prev {
+                false => vec![((g + n - 1) % n, 0, kb)],
+                true => Vec::new(),
+            };
+            let x = oop(d, src, kb, dst, kb);
+            grouped::staged_blocks(world, x, (kb, kb), (&out, &inn), c.name)?;
+        }
         Kind::Scatter | Kind::Gather => {
             // The root's host's blocks GPU to GPU from (or to) the root's local rank; the
             // other hosts' blocks straight between the root and their ranks, staged.
@@ -361,12 +376,6 @@ pub(crate) unsafe fn run(
                 };
                 grouped::staged_blocks(world, x, sizes, (sends, recvs), c.name)?;
             }
-        }
-        _ => {
-            return Err(CommError::Invalid(format!(
-                "rank {g}: {} has no hierarchical form",
-                c.name
-            )))
         }
     }
     Ok(())

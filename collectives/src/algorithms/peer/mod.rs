@@ -28,8 +28,8 @@
 //! [`MemorySpace`](crate::MemorySpace) and the device's own offer decide.
 //!
 //! A job of several hosts gives its communicator a [`Hierarchy`] ([`set_hierarchy`]): the
-//! collectives but SendRecv then run GPU to GPU inside each host and cross hosts by rail or
-//! over the job's communicator ([`hier`]).
+//! collectives then run GPU to GPU inside each host and cross hosts by rail or over the
+//! job's communicator ([`hier`]).
 
 mod hier;
 
