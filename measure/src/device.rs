@@ -606,9 +606,8 @@ mod imp {
                 )
                 };
             Ok(format!(
-                "{inside}; between hosts one rail per local rank, {rail_line}: AllReduce, \
-                 ReduceScatter, AllGather, Broadcast, Reduce, AlltoAll, Scatter, Gather and \
-                 HyperCube; AlltoAllv and SendRecv out of place (in place staged)"
+                "{inside}; between hosts one rail per local rank (each rank's share), \
+                 {rail_line}; every collective"
             ))
         }
 

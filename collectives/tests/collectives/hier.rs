@@ -11,34 +11,10 @@ use busbw_collectives::testing::{thread_world, ThreadTransport};
 use busbw_collectives::DataType;
 use std::time::Duration;
 
-/// The collectives the hierarchy splits.
-fn split(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::AllReduce
-            | Kind::TreeAllReduce
-            | Kind::DoublingAllReduce
-            | Kind::ReduceScatter
-            | Kind::AllGather
-            | Kind::Broadcast
-            | Kind::Reduce
-            | Kind::Alltoall
-            | Kind::Scatter
-            | Kind::Gather
-            | Kind::HyperCube
-    )
-}
-
-/// Split out of place only (see `hier::applies`).
-fn split_out_of_place(kind: Kind) -> bool {
-    kind == Kind::SendRecv
-}
-
 /// 2 hosts of 2 and of 3 ranks, 3 hosts of 2; a count the host's ranks divide, one they do
 /// not (a tail) and one below them; every type and op, roots on several hosts; in and out of
-/// place. Bit for bit against the reference; the split collectives run across hosts with
-/// every rank opening its host's peers' buffers (Scatter and Gather: the root's host's
-/// ranks only), SendRecv in place stages as before.
+/// place. Bit for bit against the reference; every call runs across hosts with every rank
+/// opening its host's peers' buffers (Scatter and Gather: the root's host's ranks only).
 #[test]
 fn every_collective_type_and_op_runs_across_hosts() {
     for (hosts, per) in [(2usize, 2usize), (2, 3), (3, 2)] {
@@ -69,16 +45,11 @@ fn every_collective_type_and_op_runs_across_hosts() {
                             );
                             for (r, (_, k, across)) in res.iter().enumerate() {
                                 let at = format!("{hosts} hosts of {per}, {c:?}, rank {r}");
+                                assert_eq!(*across, 1, "{at}: not run across hosts");
                                 // Scatter and Gather move nothing inside the other hosts.
                                 let inside = !matches!(kind, Kind::Scatter | Kind::Gather)
                                     || r / per == c.root / per;
-                                if split(kind) || (split_out_of_place(kind) && !in_place) {
-                                    assert_eq!(*across, 1, "{at}: not run across hosts");
-                                    assert_eq!(k.peer_opens > 0, inside, "{at}: {k:?}");
-                                } else {
-                                    assert_eq!(*across, 0, "{at}");
-                                    assert_eq!(k.peer_opens, 0, "{at}: {k:?}");
-                                }
+                                assert_eq!(k.peer_opens > 0, inside, "{at}: {k:?}");
                             }
                         }
                     }
@@ -125,11 +96,11 @@ fn a_hierarchy_needs_ranks_numbered_host_by_host() {
     assert!(Hierarchy::new(&w[1], node.remove(1), rail.remove(0)).is_ok());
 }
 
-/// AlltoAllv with irregular sizes (zeros included) on 2 hosts of 2 and of 3 ranks: out of
-/// place it runs across hosts (the host's blocks GPU to GPU), in place it stages; every
-/// block lands at its sender's offset either way.
+/// AlltoAllv with irregular sizes (zeros included) on 2 hosts of 2 and of 3 ranks, in and
+/// out of place: it runs across hosts (the host's blocks GPU to GPU), and every block lands
+/// at its sender's offset.
 #[test]
-fn alltoallv_runs_across_hosts_out_of_place() {
+fn alltoallv_runs_across_hosts() {
     for (hosts, per) in [(2usize, 2usize), (2, 3)] {
         let n = hosts * per;
         for in_place in [false, true] {
@@ -150,8 +121,8 @@ fn alltoallv_runs_across_hosts_out_of_place() {
                     assert_eq!(got[off..off + len], want[..], "{at}: block from {j}");
                     off += len;
                 }
-                assert_eq!(across, u64::from(!in_place), "{at}");
-                assert_eq!(k.peer_opens > 0, !in_place, "{at}: {k:?}");
+                assert_eq!(across, 1, "{at}");
+                assert!(k.peer_opens > 0, "{at}: {k:?}");
             }
         }
     }

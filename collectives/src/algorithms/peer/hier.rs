@@ -18,10 +18,10 @@
 //! | AllGather | AllGather into the host's blocks | AllGather of them | |
 //! | Broadcast | | Broadcast (the root's rail) | Broadcast |
 //! | Reduce | Reduce into workspace | Reduce (the root's rail) | |
-//! | AlltoAll, AlltoAllv (out of place) | AlltoAll(v) of the host's blocks | | |
+//! | AlltoAll, AlltoAllv | AlltoAll(v) of the host's blocks | | |
 //! | Scatter, Gather | on the root's host only | | |
 //! | HyperCube | as AllGather | | |
-//! | SendRecv (out of place) | AlltoAllv of one block to the next local rank | | |
+//! | SendRecv | AlltoAllv of one block to the next local rank | | |
 //!
 //! The all-to-alls', Scatter's, Gather's and SendRecv's blocks for other hosts go over the
 //! job's own communicator, staged through their twins alone (each is one rank's, to one
@@ -31,7 +31,7 @@
 //! than ranks: node AllReduce, then rail AllReduce. `mulsum` premultiplies by the rank in
 //! the job before the first step and `avg` divides by the job's size after the sum, both as
 //! the flat path does, so every step sums and the result is the same bits. AlltoAllv and
-//! SendRecv in place stay staged.
+//! SendRecv in place run out of place from a device copy of their input.
 //!
 //! Hosts hold the same number of ranks, numbered host by host (job rank = host × L + local
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
@@ -92,14 +92,6 @@ impl Hierarchy {
     }
 }
 
-/// Whether a call runs hierarchically: every collective does, but AlltoAllv in place (its
-/// host's blocks need not start at one offset as input and as output) and SendRecv in place
-/// (its block crossing into the next host is the one its first rank's local receive would
-/// overwrite first).
-pub(crate) fn applies(kind: Kind, in_place: bool) -> bool {
-    !in_place || !matches!(kind, Kind::Alltoallv | Kind::SendRecv)
-}
-
 /// Which of the two communicators a step runs on, for its errors.
 #[derive(Clone, Copy)]
 enum Group {
@@ -149,6 +141,24 @@ pub(crate) unsafe fn run(
     };
     let on = |grp: Group| move |e: CommError| in_group(e, g, grp, ranks, hosts);
     let (node, rail) = (&mut h.node, &mut h.rail);
+    // AlltoAllv and SendRecv in place run out of place from a device copy of the input: a
+    // host's blocks of AlltoAllv need not start at one offset as input and as output, and
+    // SendRecv's block for the next host is the one its first rank's local receive
+    // overwrites first.
+    let mut src = src;
+    let copied = matches!(c.kind, Kind::Alltoallv | Kind::SendRecv) && in_place;
+    if copied {
+        let sb = match c.kind {
+            Kind::Alltoallv => c.sends.iter().sum(),
+            _ => kb,
+        };
+        if sb > 0 {
+            let ws = d.workspace(sb).map_err(dev)?;
+            d.copy(ws, src, sb, false).map_err(dev)?;
+            d.sync().map_err(dev)?;
+            src = ws;
+        }
+    }
     match c.kind {
         Kind::AllReduce => {
             let input = input(d, count)?;
@@ -270,7 +280,7 @@ pub(crate) unsafe fn run(
             grouped::alltoallv_remote(world, x, (&sizes, &sizes), local, "alltoall")?;
         }
         Kind::Alltoallv => {
-            // As AlltoAll, with the host's blocks where the sizes put them (out of place).
+            // As AlltoAll, with the host's blocks where the sizes put them.
             let (sends, recvs) = (c.sends, c.recvs);
             let local = host * ranks..(host + 1) * ranks;
             let before = |sizes: &[usize], i: usize| sizes[..i].iter().sum::<usize>();

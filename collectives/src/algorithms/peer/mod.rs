@@ -252,15 +252,13 @@ pub(crate) fn offer<'a>(
         return Ok(Some(data));
     };
     let d: &mut dyn Offload = &mut **d;
-    if hier::applies(call.kind, in_place) {
-        if let Some(mut h) = comm.kept::<Peers>().hier.take() {
-            // SAFETY: as for `run` below.
-            let r = unsafe { hier::run(comm, &mut h, d, &call, src, dst, in_place) };
-            let st = comm.kept::<Peers>();
-            st.hier = Some(h);
-            st.across += u64::from(r.is_ok());
-            return r.map(|()| None);
-        }
+    if let Some(mut h) = comm.kept::<Peers>().hier.take() {
+        // SAFETY: as for `run` below.
+        let r = unsafe { hier::run(comm, &mut h, d, &call, src, dst, in_place) };
+        let st = comm.kept::<Peers>();
+        st.hier = Some(h);
+        st.across += u64::from(r.is_ok());
+        return r.map(|()| None);
     }
     let mut st = std::mem::take(comm.kept::<Peers>());
     let r = (|| {
