@@ -99,8 +99,8 @@ enum Group {
     Rail,
 }
 
-/// One call: `src` and `dst` are the call's checked twin ranges (as the flat path's layout
-/// has them), `g` this rank in the job.
+/// One call on `world`'s ranks: `src` and `dst` are the call's checked twin ranges (as the
+/// flat path's layout has them).
 ///
 /// # Safety
 /// `src` and `dst` lie inside the device's mirrors for the call's sizes and stay valid for
@@ -131,23 +131,12 @@ pub(crate) unsafe fn run(
         during: format!("{} across hosts", c.name),
         cause,
     };
-    // The call's input, premultiplied for `mulsum` into a buffer of its own.
-    let input = |d: &mut dyn Offload, elems: usize| -> Result<*const u8, CommError> {
-        if c.op == ReduceOp::MulSum {
-            d.premultiply(src, elems, dtype, g).map_err(dev)
-        } else {
-            Ok(src)
-        }
-    };
-    let on = |grp: Group| move |e: CommError| in_group(e, g, grp, ranks, hosts);
-    let (node, rail) = (&mut h.node, &mut h.rail);
     // AlltoAllv and SendRecv in place run out of place from a device copy of the input: a
     // host's blocks of AlltoAllv need not start at one offset as input and as output, and
     // SendRecv's block for the next host is the one its first rank's local receive
     // overwrites first.
     let mut src = src;
-    let copied = matches!(c.kind, Kind::Alltoallv | Kind::SendRecv) && in_place;
-    if copied {
+    if matches!(c.kind, Kind::Alltoallv | Kind::SendRecv) && in_place {
         let sb = match c.kind {
             Kind::Alltoallv => c.sends.iter().sum(),
             _ => kb,
@@ -159,6 +148,16 @@ pub(crate) unsafe fn run(
             src = ws;
         }
     }
+    // The call's input, premultiplied for `mulsum` into a buffer of its own.
+    let input = |d: &mut dyn Offload, elems: usize| -> Result<*const u8, CommError> {
+        if c.op == ReduceOp::MulSum {
+            d.premultiply(src, elems, dtype, g).map_err(dev)
+        } else {
+            Ok(src)
+        }
+    };
+    let on = |grp: Group| move |e: CommError| in_group(e, g, grp, ranks, hosts);
+    let (node, rail) = (&mut h.node, &mut h.rail);
     match c.kind {
         Kind::AllReduce => {
             let input = input(d, count)?;
