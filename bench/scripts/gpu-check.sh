@@ -33,9 +33,12 @@
 #    both "Avg bus bandwidth" figures, both largest-size rows and the ratios busbw/nccl-tests.
 #    With one rank a collective crosses no bus (busbw = algbw x 2(n-1)/n = 0), so the
 #    largest row's algbw and time are the comparable figures.
-# 5. Own engine, the rest: every collective on 4 ranks, AllReduce, Broadcast and AlltoAll on
-#    1, AllReduce on 2 ranks over TCP and on 4 with the tree and with recursive doubling
-#    (--quick: four of them). These also fill the time while nccl-tests builds.
+# 5. Own engine, the rest: every collective across two simulated hosts of 2 ranks each (the
+#    halves in UTS namespaces of their own host names, needs root: the job splits by host
+#    and rail, GPU to GPU inside each "host" and staged between them, and the device-buffers
+#    line must say so; tagged [hosts]), every collective on 4 ranks, AllReduce, Broadcast and
+#    AlltoAll on 1, AllReduce on 2 ranks over TCP and on 4 with the tree and with recursive
+#    doubling (--quick: six of them). These also fill the time while nccl-tests builds.
 #
 # The build (step 4), started in the background at once and niced: `pip install --target`
 # into the work folder of the CUDA 13 wheels nvidia-cuda-nvcc (nvcc, with nvidia-cuda-runtime,
@@ -399,7 +402,7 @@ fi
 check() {
     local engine=$1 name=$2 np=$3
     shift 3
-    local out="$LOG/run-$((runs + 1))-$engine-$name-np$np.txt" t rc tag='' pathline
+    local out="$LOG/run-$((runs + 1))-$engine-$name-np$np.txt" t rc=0 tag='' pathline
     t=$(($(left) - RESERVE))
     ((t > CAP)) && t=$CAP
     if ((t < 10)); then
@@ -412,10 +415,29 @@ check() {
     if [[ $engine == nccl ]]; then
         NCCL_LIBRARY=$NCCL_LIB timeout "$t" "$BIN" "$name" --engine nccl -g 1 --np "$np" \
             -n 5 -w 1 -c 1 -T 60 "$@" >"$out" 2>&1
+        rc=$?
+    elif [[ $engine == hosts ]]; then
+        # Two hosts of np/2 ranks on this machine: each half in a UTS namespace of its own
+        # (its own host name), started as torchrun would; rank 0's output is the run's.
+        local r pids=() port=$((29600 + runs % 300)) one
+        for ((r = 0; r < np; r++)); do
+            unshare --uts sh -c 'hostname "$1" && shift && exec "$@"' sh "gpu-check-host$((r * 2 / np))" \
+                env RANK=$r WORLD_SIZE="$np" LOCAL_RANK=$((r % (np / 2))) LOCAL_WORLD_SIZE=$((np / 2)) \
+                MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+                timeout "$t" "$BIN" "$name" "${GPU[@]}" -n 5 -w 1 -c 1 -T 60 "$@" >"$out.$r" 2>&1 &
+            pids+=($!)
+        done
+        rc=0
+        for r in "${!pids[@]}"; do
+            wait "${pids[$r]}"
+            one=$?
+            ((rc == 0)) && rc=$one
+        done
+        cp "$out.0" "$out"
     else
         timeout "$t" "$BIN" "$name" --np "$np" "${GPU[@]}" -n 5 -w 1 -c 1 -T 60 "$@" >"$out" 2>&1
+        rc=$?
     fi
-    rc=$?
     local oob bad=''
     oob=$(grep -m1 '^# Out of bounds values' "$out" || echo "(no footer)")
     pathline=$(grep -m1 '^busbw: device buffers:' "$out")
@@ -428,6 +450,14 @@ check() {
         tag='[host]'
     elif [[ -z $pathline ]]; then
         tag='[no device-buffers line]'
+    elif [[ $engine == hosts ]]; then
+        # Split by host and rail, GPU to GPU inside both hosts: anything else is a failure.
+        if [[ $pathline == *"GPU to GPU between the ranks of each of the 2 hosts"* ]]; then
+            tag='[hosts]'
+        else
+            tag='[not split]'
+            bad="the device-buffers line does not say GPU to GPU inside each of the 2 hosts"
+        fi
     elif [[ $pathline == *"GPU to GPU between"* && $pathline != *"not GPU to GPU"* ]]; then
         tag='[ipc]'
     else
@@ -462,6 +492,19 @@ check() {
 
 # Step 5's runs, as lines of words (ENGINE NAME NP flags...); taken in order by extra_runs.
 EXTRA=()
+# Across hosts first (GPU to GPU inside each of two simulated hosts, the rest staged), where
+# this machine lets the script give processes host names of their own.
+if unshare --uts true 2>/dev/null; then
+    if ((QUICK)); then
+        EXTRA+=("hosts all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all")
+        EXTRA+=("hosts alltoall_perf 4 -b 8 -e $MAX -f 32 -d all")
+    else
+        for c in "${REDUCING[@]}"; do EXTRA+=("hosts $c 4 -b 8 -e $MAX -f 32 -d all -o all"); done
+        for c in "${OTHERS[@]}"; do EXTRA+=("hosts $c 4 -b 8 -e $MAX -f 32 -d all"); done
+    fi
+else
+    HOSTS_WHY="unshare --uts fails here (not root?): no simulated hosts"
+fi
 if ((QUICK)); then
     EXTRA+=("own all_reduce_perf 1 -b 8 -e $MAX -f 32 -d all -o all")
     EXTRA+=("own all_reduce_perf 4 -b 8 -e $MAX -f 32 -d all -o all")
@@ -630,6 +673,7 @@ fi
 say "#"
 ipc=''
 ((HOST)) || ipc="; IPC in $ipc_runs of $multi_runs multi-rank runs with a device-buffers line"
+[[ -n ${HOSTS_WHY:-} ]] && say "# across hosts not run: $HOSTS_WHY"
 say "# $runs collective runs, $failed failed, $notrun not run (time budget)$ipc; nccl-tests side by side: $SIDE; $((SECONDS - START)) s"
 [[ -n $OUT ]] && echo "# summary: $OUT/summary.txt; each run's output: $OUT/logs/"
 ((failed == 0 && notrun == 0))
