@@ -8,8 +8,8 @@
 //! the **node** communicator, where the peer path moves device memory directly; each rank's
 //! share crosses the network on its **rail** communicator (the ranks with the same local
 //! index on every host), through the staged or GPUDirect engine; the host then spreads the
-//! result, again GPU to GPU. Each rank sends over the network what it would in the flat ring
-//! (its share of the data, not the whole host's), and nothing host-local leaves the devices.
+//! result, again GPU to GPU. Each rank sends over the network its share of the data, not
+//! the whole host's, all rails at once, and nothing host-local leaves the devices.
 //!
 //! | collective | node | rail | node |
 //! |---|---|---|---|
