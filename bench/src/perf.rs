@@ -376,7 +376,8 @@ fn usage_lines(objections: &[(usize, String)], size: usize) -> Vec<String> {
 /// `-g`: this rank's device, on the engine the plan names, and the header's `Data path`
 /// line (rank 0 also prints it). `None` for host memory. A job of several hosts on busbw's
 /// own engine first gets its node and rail communicators (`busbw_job::hosts`), so that a
-/// host's device bytes go GPU to GPU; a split job's groups do not (they stage across hosts).
+/// host's device bytes go GPU to GPU; under `NCCL_TESTS_SPLIT` the groups' communicators,
+/// which carry the data, get theirs where they are built (`SplitGroup::communicator`).
 pub(crate) fn open_device(
     session: &mut Session,
     (world, opts): (&World, &JoinOptions),

@@ -6,29 +6,9 @@ use crate::error::Result;
 use crate::subcomm::BuildError;
 use crate::{JoinOptions, Session};
 use busbw_collectives::algorithms::peer::{self, Hierarchy};
-use busbw_collectives::link::nodes::NodeMap;
 use busbw_collectives::Communicator;
 use busbw_launchers::World;
 use busbw_measure::Plan;
-
-/// Why a job's ranks cannot be split by host and rail, or `None` when they can: several
-/// hosts, the same number of ranks on each (at least two), numbered host by host.
-pub fn unsplittable(map: &NodeMap) -> Option<String> {
-    let (n, hosts) = (map.len(), map.node_count());
-    if hosts < 2 {
-        return Some("the job is on one host".into());
-    }
-    let per = n / hosts;
-    if per * hosts != n || *map != NodeMap::uniform(n, per) {
-        return Some(format!(
-            "the {hosts} hosts' ranks are not numbered host by host in equal numbers"
-        ));
-    }
-    if per < 2 {
-        return Some("each host has one rank: nothing moves inside a host".into());
-    }
-    None
-}
 
 /// Gives the session's communicator its node and rail communicators (every rank calls it,
 /// like a collective): see [`split`]. `None` also for a job on one host.
@@ -49,7 +29,7 @@ pub fn give_hierarchy(
 /// Gives `comm` (whose rank i is job rank `ranks[i]`: the job's, or a group's) its node and
 /// rail communicators, named under `name`, when its ranks are on several hosts, its device
 /// buffers may go GPU to GPU (`map_peers`: `--transport shm` or `auto`) and its ranks split
-/// by host ([`unsplittable`]). Every member calls it, like a collective. Returns why not when
+/// by host ([`Hierarchy::ranks_per_host`]). Every member calls it, like a collective. Returns why not when
 /// the ranks are on several hosts and cannot be split; `None` when split, or on one host.
 pub fn split(
     comm: &mut Communicator,
@@ -67,11 +47,11 @@ pub fn split(
                 .into(),
         ));
     }
-    if let Some(why) = unsplittable(map) {
-        return Ok(Some(why));
-    }
+    let per = match Hierarchy::ranks_per_host(map) {
+        Ok(per) => per,
+        Err(why) => return Ok(Some(why)),
+    };
     let (n, me) = (comm.size(), comm.rank());
-    let per = n / map.node_count();
     let (host, l) = (me / per, me % per);
     let group = |what: String, members: Vec<usize>| {
         let nodes: Vec<usize> = members.iter().map(|&i| comm.nodes()[i]).collect();
@@ -179,15 +159,5 @@ mod tests {
             assert_eq!(across, 1, "rank {r}");
             assert!(opens > 0, "rank {r}: its host's peer was never opened");
         }
-    }
-
-    #[test]
-    fn only_equal_hosts_numbered_host_by_host_split() {
-        assert!(unsplittable(&NodeMap::uniform(8, 4)).is_none());
-        let why = |labels: &[usize]| unsplittable(&NodeMap::from_labels(labels)).unwrap();
-        assert!(why(&[0, 0, 0]).contains("one host"));
-        assert!(why(&[0, 1, 0, 1]).contains("not numbered host by host"));
-        assert!(why(&[0, 0, 0, 1]).contains("not numbered host by host"));
-        assert!(why(&[0, 1, 2]).contains("one rank"));
     }
 }

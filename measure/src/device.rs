@@ -87,6 +87,39 @@ pub fn bench_header(device: &str, bytes: usize, iters: u32) -> Vec<String> {
     ]
 }
 
+/// The path line of a job split by host and rail (`peer::Hierarchy`): whether this
+/// host's ranks agreed to go GPU to GPU (`local`: why not), and on how many hosts the
+/// ranks did, counted by each host's first rank (`first`). Every rank calls it at the
+/// same point.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn across_hosts(
+    comm: &mut Communicator,
+    rail_line: &str,
+    local: Option<String>,
+    first: bool,
+) -> Result<String> {
+    let mut agreed = match first {
+        true => [u32::from(local.is_none()), 1],
+        false => [0, 0],
+    };
+    use crate::error::Context;
+    busbw_collectives::all_reduce_values(comm, &mut agreed, busbw_collectives::ReduceOp::Sum)
+        .context("counting the hosts whose GPUs talk directly")?;
+    let [ok, hosts] = agreed;
+    let inside = if ok == hosts {
+        format!("of each of the {hosts} hosts")
+    } else {
+        let here = local
+            .map(|w| format!(", here because {w}"))
+            .unwrap_or_default();
+        format!("of {ok} of the {hosts} hosts (elsewhere staged{here})")
+    };
+    Ok(format!(
+        "GPU to GPU between the ranks {inside} (CUDA IPC, peer access); between hosts one \
+         rail per local rank (each rank's share), {rail_line}; every collective"
+    ))
+}
+
 /// Times the device's copy and reduction kernels (`busbw gpu-bench`).
 #[cfg(not(feature = "cuda"))]
 pub fn kernel_bench(
@@ -575,42 +608,8 @@ mod imp {
         /// every device reaches every other's, agreed with the other ranks: every rank calls
         /// this at the same point; else GPUDirect RDMA where the NIC registers device memory,
         /// else staged through the twins), tells the offload, and returns the line rank 0
-        /// prints, with why device data is not moved GPU to GPU.
-        /// The path line of a job split by host and rail (`peer::Hierarchy`): whether this
-        /// host's ranks agreed to go GPU to GPU (`local`: why not), and how many hosts did.
-        fn across_hosts(
-            &mut self,
-            comm: &mut Communicator,
-            rail_line: &str,
-            local: Option<String>,
-        ) -> Result<String> {
-            let mut agreed = [u32::from(local.is_none()), 1];
-            busbw_collectives::all_reduce_values(
-                comm,
-                &mut agreed,
-                busbw_collectives::ReduceOp::Sum,
-            )
-            .context("counting the hosts whose GPUs talk directly")?;
-            let [ok, hosts] = agreed;
-            let inside =
-                if ok == hosts {
-                    format!(
-                    "GPU to GPU between the ranks of each of the {hosts} hosts (CUDA IPC, peer \
-                     access)"
-                )
-                } else {
-                    format!(
-                    "GPU to GPU between the ranks of {ok} of the {hosts} hosts (CUDA IPC, peer \
-                     access; elsewhere staged{})",
-                    local.map(|w| format!(", here because {w}")).unwrap_or_default()
-                )
-                };
-            Ok(format!(
-                "{inside}; between hosts one rail per local rank (each rank's share), \
-                 {rail_line}; every collective"
-            ))
-        }
-
+        /// prints, with why device data is not moved GPU to GPU. A job split by host and rail
+        /// (`peer::Hierarchy`) agrees per host instead, and says on how many hosts.
         pub fn choose_path(&mut self, comm: &mut Communicator) -> Result<String> {
             let props = comm.transport().properties();
             let sysfs = std::path::Path::new("/sys");
@@ -618,14 +617,15 @@ mod imp {
             self.dev.set_path(path);
             self.dev.offer_peers(true);
             let local = match peer::hierarchy(comm) {
-                Some(h) => Some(
+                Some(h) => Some((
                     peer::agree(h.node(), &mut self.dev)
                         .context("agreeing whether this host's GPUs talk directly")?,
-                ),
+                    h.node().rank() == 0,
+                )),
                 None => None,
             };
-            if let Some(local) = local {
-                return self.across_hosts(comm, &line, local);
+            if let Some((local, first)) = local {
+                return super::across_hosts(comm, &line, local, first);
             }
             let why = peer::agree(comm, &mut self.dev)
                 .context("agreeing whether local GPUs talk directly")?;
@@ -847,6 +847,42 @@ mod tests {
         let f: Vec<&str> = r.split_whitespace().collect();
         assert_eq!(f, ["reduce", "sum", "half", "1000.0", "3.0", "50%"]);
         assert_eq!(h[1].split_whitespace().count(), 7);
+    }
+
+    /// Hosts are counted once each (by their first rank), whatever their ranks per host, and
+    /// a host whose devices cannot reach each other is named as staged.
+    #[test]
+    fn the_path_across_hosts_counts_hosts_not_ranks() {
+        use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
+        let lines = |refused: Option<usize>| {
+            let comms = thread_world(6, ThreadTransport::Inproc, Default::default()).unwrap();
+            run_threads(comms, |comm| {
+                let (host, first) = (comm.rank() / 3, comm.rank() % 3 == 0);
+                let local = (Some(host) == refused).then(|| "no peer access".to_string());
+                across_hosts(comm, "staged", local, first).unwrap()
+            })
+        };
+        for l in lines(None) {
+            assert!(
+                l.starts_with("GPU to GPU between the ranks of each of the 2 hosts"),
+                "{l}"
+            );
+            assert!(
+                l.contains("one rail per local rank (each rank's share), staged"),
+                "{l}"
+            );
+        }
+        let l = lines(Some(1));
+        assert!(
+            l[0].contains("of 1 of the 2 hosts (elsewhere staged)"),
+            "{}",
+            l[0]
+        );
+        assert!(
+            l[3].contains("of 1 of the 2 hosts (elsewhere staged, here because no peer access)"),
+            "{}",
+            l[3]
+        );
     }
 
     #[cfg(not(feature = "cuda"))]

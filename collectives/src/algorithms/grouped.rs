@@ -179,6 +179,17 @@ pub fn alltoallv(
     })
 }
 
+/// Where each of AlltoAllv's blocks starts, blocks back to back in rank order, and after
+/// them the total: one more entry than `sizes`.
+pub(crate) fn offsets(sizes: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(sizes.iter().scan(0, |at, &s| {
+            *at += s;
+            Some(*at)
+        }))
+        .collect()
+}
+
 /// A rank's own sizes: one per rank, and what it sends itself what it expects.
 fn check_sizes(
     comm: &Communicator,
@@ -210,18 +221,8 @@ fn alltoallv_host(
 ) -> Result<(), CommError> {
     // (Sizes checked by the caller: `alltoallv`, or AlltoAll's equal blocks.)
     let (n, r) = (comm.size(), comm.rank());
-    let offsets = |sizes: &[usize]| -> Vec<usize> {
-        sizes
-            .iter()
-            .scan(0, |at, &s| {
-                let o = *at;
-                *at += s;
-                Some(o)
-            })
-            .collect()
-    };
     let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
-    let (stotal, rtotal) = (send_bytes.iter().sum(), recv_bytes.iter().sum());
+    let (stotal, rtotal) = (soff[n], roff[n]);
     // Bytes need no element type: any sizes are whole.
     let b = data.bufs(r, "alltoallv", stotal, rtotal, DataType::Uint8, (0, 0))?;
     let mut src = b.src;
@@ -354,14 +355,6 @@ pub(crate) fn alltoallv_remote(
     name: &'static str,
 ) -> Result<(), CommError> {
     let (n, r) = (comm.size(), comm.rank());
-    let offsets = |sizes: &[usize]| -> Vec<usize> {
-        std::iter::once(0)
-            .chain(sizes.iter().scan(0, |at, &s| {
-                *at += s;
-                Some(*at)
-            }))
-            .collect()
-    };
     let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
     // In ring order from this rank, as the flat AlltoAllv posts them.
     let others: Vec<(usize, usize)> = (1..n).map(|i| ((r + i) % n, (r + n - i) % n)).collect();

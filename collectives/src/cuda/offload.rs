@@ -312,6 +312,19 @@ impl Offload for CudaOffload {
         self.ticket()
     }
 
+    fn avg_on_device(
+        &mut self,
+        out: u64,
+        elems: usize,
+        dtype: DataType,
+        n: usize,
+    ) -> Result<Ticket, OffloadError> {
+        // SAFETY: the hierarchical path passes a device address of a mirrored buffer for
+        // `elems` elements.
+        unsafe { self.gpu.finish_avg_at(out, elems, n, dtype) }.map_err(oe)?;
+        self.ticket()
+    }
+
     fn staging(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
         match self.stage {
             Some(m) if m.len >= bytes => return Ok(m.host),

@@ -188,6 +188,16 @@ pub trait Offload: Send {
         avg_over: Option<usize>,
     ) -> Result<Ticket, OffloadError>;
 
+    /// `avg`'s last step alone, `out /= n` on device addresses, for a call whose sum a
+    /// reduction by another communicator finished (the hierarchical path across hosts).
+    fn avg_on_device(
+        &mut self,
+        out: u64,
+        elems: usize,
+        dtype: DataType,
+        n: usize,
+    ) -> Result<Ticket, OffloadError>;
+
     /// Who this device is for peers that may map its memory; `None` when it offers none
     /// (the default, and a device not told to): its calls stage through the twins. Offering
     /// is the owner's decision, never the algorithms' guess.

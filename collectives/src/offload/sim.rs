@@ -100,6 +100,12 @@ enum Job {
         dtype: DataType,
         rank: usize,
     },
+    Avg {
+        out: usize,
+        elems: usize,
+        dtype: DataType,
+        n: usize,
+    },
 }
 
 impl Job {
@@ -142,6 +148,14 @@ impl Job {
                 let d = std::slice::from_raw_parts_mut(dst as *mut T, elems);
                 let s = std::slice::from_raw_parts(src as *const T, elems);
                 scale_into(d, s, rank);
+            }),
+            Job::Avg {
+                out,
+                elems,
+                dtype,
+                n,
+            } => with_dtype!(dtype, T => {
+                finish_avg(std::slice::from_raw_parts_mut(out as *mut T, elems), n);
             }),
         }
     }
@@ -483,6 +497,27 @@ impl Offload for SimDevice {
             dtype,
             op,
             avg_over,
+        })
+    }
+
+    fn avg_on_device(
+        &mut self,
+        out: u64,
+        elems: usize,
+        dtype: DataType,
+        n: usize,
+    ) -> Result<Ticket, OffloadError> {
+        let bytes = elems * dtype.size();
+        if !self.reachable(out, bytes) {
+            return Err(OffloadError(format!(
+                "{bytes} bytes at device {out:#x} are outside device memory"
+            )));
+        }
+        self.issue(Job::Avg {
+            out: out as usize,
+            elems,
+            dtype,
+            n,
         })
     }
 

@@ -2,10 +2,11 @@
 //! reach each other only within a host, with each rank's node and rail communicators.
 
 use crate::harness::{run_case_across_hosts, world_across_hosts};
-use crate::ipc::{alltoallv_on, v_byte, v_size};
+use crate::ipc::{alltoallv_on, assert_blocks, v_size};
 use crate::reference::{device_kinds, Case, Kind};
 use busbw_collectives::algorithms::peer;
 use busbw_collectives::algorithms::peer::Hierarchy;
+use busbw_collectives::link::nodes::NodeMap;
 use busbw_collectives::testing::run_threads;
 use busbw_collectives::testing::{thread_world, ThreadTransport};
 use busbw_collectives::DataType;
@@ -79,7 +80,7 @@ fn a_hierarchy_needs_ranks_numbered_host_by_host() {
         .unwrap();
     assert!(
         e.to_string()
-            .contains("not 2 hosts of 2 ranks numbered host by host"),
+            .contains("the 2 hosts' ranks are not numbered host by host"),
         "{e}"
     );
     // Right map, but rank 1 handed the node communicator's rank 0.
@@ -115,15 +116,21 @@ fn alltoallv_runs_across_hosts() {
             for (me, (recvs, res, got, k, across)) in res.into_iter().enumerate() {
                 let at = format!("{hosts} hosts of {per}, in place {in_place}, rank {me}");
                 res.unwrap();
-                let mut off = 0;
-                for (j, &len) in recvs.iter().enumerate() {
-                    let want: Vec<u8> = (0..len).map(|b| v_byte(j, me, b)).collect();
-                    assert_eq!(got[off..off + len], want[..], "{at}: block from {j}");
-                    off += len;
-                }
+                assert_blocks(&got, &recvs, me, &at);
                 assert_eq!(across, 1, "{at}");
                 assert!(k.peer_opens > 0, "{at}: {k:?}");
             }
         }
     }
+}
+
+#[test]
+fn only_equal_hosts_numbered_host_by_host_split() {
+    let per = |labels: &[usize]| Hierarchy::ranks_per_host(&NodeMap::from_labels(labels));
+    assert_eq!(Hierarchy::ranks_per_host(&NodeMap::uniform(8, 4)), Ok(4));
+    let why = |labels: &[usize]| per(labels).unwrap_err();
+    assert!(why(&[0, 0, 0]).contains("one host"));
+    assert!(why(&[0, 1, 0, 1]).contains("not numbered host by host"));
+    assert!(why(&[0, 0, 0, 1]).contains("not numbered host by host"));
+    assert!(why(&[0, 1, 2]).contains("one rank"));
 }

@@ -378,6 +378,17 @@ pub(crate) fn v_byte(i: usize, j: usize, k: usize) -> u8 {
     (i * 64 + j * 16 + k % 13) as u8
 }
 
+/// Fails unless rank `me`'s AlltoAllv output `got` holds, back to back, the block each rank
+/// `j` sent it (`recvs[j]` bytes of `v_byte(j, me, _)`).
+pub(crate) fn assert_blocks(got: &[u8], recvs: &[usize], me: usize, what: &str) {
+    let mut at = 0;
+    for (j, &len) in recvs.iter().enumerate() {
+        let want: Vec<u8> = (0..len).map(|b| v_byte(j, me, b)).collect();
+        assert_eq!(got[at..at + len], want[..], "{what}: block from {j}");
+        at += len;
+    }
+}
+
 /// One rank's AlltoAllv on a simulated device in IPC mode (in `island`), sending `sends`
 /// and expecting `recvs`: what its device's output holds after the call, its counts, and
 /// the call's result.
@@ -435,12 +446,7 @@ fn alltoallv_runs_gpu_to_gpu_with_irregular_sizes() {
             for (me, recvs, res, got, k, tally) in res {
                 let case = format!("n={n} in place {in_place} rank {me}");
                 res.unwrap();
-                let mut at = 0;
-                for (j, &len) in recvs.iter().enumerate() {
-                    let want: Vec<u8> = (0..len).map(|b| v_byte(j, me, b)).collect();
-                    assert_eq!(got[at..at + len], want[..], "{case}: block from {j}");
-                    at += len;
-                }
+                assert_blocks(&got, &recvs, me, &case);
                 assert_eq!((k.downloads, k.uploads), (0, 0), "{case}: staged: {k:?}");
                 assert!(k.peer_opens > 0 && k.device_copies > 0, "{case}: {k:?}");
                 assert_eq!((tally.0, tally.1), (1, 0), "{case}: not counted GPU to GPU");

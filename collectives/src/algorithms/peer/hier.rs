@@ -53,9 +53,30 @@ pub struct Hierarchy {
 }
 
 impl Hierarchy {
+    /// The ranks per host of a communicator whose ranks `map` places, when they split by
+    /// host and rail: several hosts, the same number of ranks on each (at least two, or
+    /// nothing moves inside a host), numbered host by host. Else why not, in words for the
+    /// path line.
+    pub fn ranks_per_host(map: &NodeMap) -> Result<usize, String> {
+        let (n, hosts) = (map.len(), map.node_count());
+        if hosts < 2 {
+            return Err("the ranks are on one host".into());
+        }
+        let per = n / hosts;
+        if per * hosts != n || *map != NodeMap::uniform(n, per) {
+            return Err(format!(
+                "the {hosts} hosts' ranks are not numbered host by host in equal numbers"
+            ));
+        }
+        if per < 2 {
+            return Err("each host has one rank: nothing moves inside a host".into());
+        }
+        Ok(per)
+    }
+
     /// `node`: this host's ranks, numbered by local rank; `rail`: the ranks with this rank's
-    /// local index on every host, numbered by host. Refused unless `world`'s ranks are
-    /// numbered host by host, with as many on each host as `node` has.
+    /// local index on every host, numbered by host. Refused unless `world`'s ranks split
+    /// ([`Hierarchy::ranks_per_host`]) with as many on each host as `node` has.
     pub fn new(
         world: &Communicator,
         node: Communicator,
@@ -68,10 +89,15 @@ impl Hierarchy {
                 "rank {g}: device data across hosts: {why}"
             )))
         };
-        if l * h != n || *world.node_map() != NodeMap::uniform(n, l) {
-            return fail(format!(
-                "the {n} ranks are not {h} hosts of {l} ranks numbered host by host"
-            ));
+        match Hierarchy::ranks_per_host(world.node_map()) {
+            Err(why) => return fail(why),
+            Ok(per) if per != l || l * h != n => {
+                return fail(format!(
+                    "{n} ranks of {per} per host given communicators of {l} (host) and {h} \
+                     (rail) ranks"
+                ))
+            }
+            Ok(_) => {}
         }
         if node.rank() != g % l || rail.rank() != g / l {
             return fail(format!(
@@ -282,14 +308,13 @@ pub(crate) unsafe fn run(
             // As AlltoAll, with the host's blocks where the sizes put them.
             let (sends, recvs) = (c.sends, c.recvs);
             let local = host * ranks..(host + 1) * ranks;
-            let before = |sizes: &[usize], i: usize| sizes[..i].iter().sum::<usize>();
-            let (s_lo, s_hi) = (before(sends, local.start), before(sends, local.end));
-            let (r_lo, r_hi) = (before(recvs, local.start), before(recvs, local.end));
+            let (soff, roff) = (grouped::offsets(sends), grouped::offsets(recvs));
+            let (s_lo, s_hi) = (soff[local.start], soff[local.end]);
+            let (r_lo, r_hi) = (roff[local.start], roff[local.end]);
             let x = oop(d, src.add(s_lo), s_hi - s_lo, dst.add(r_lo), r_hi - r_lo);
             let (ls, lr) = (&sends[local.clone()], &recvs[local.clone()]);
             grouped::alltoallv(node, x, ls, lr).map_err(on(Group::Node))?;
-            let (st, rt) = (before(sends, n), before(recvs, n));
-            let x = oop(d, src, st, dst, rt);
+            let x = oop(d, src, soff[n], dst, roff[n]);
             grouped::alltoallv_remote(world, x, (sends, recvs), local, "alltoallv")?;
         }
         Kind::SendRecv => {
@@ -406,9 +431,8 @@ fn rail_all_reduce(
     }
 }
 
-/// `avg`'s division of `elems` elements at twin `p` by the job's size, on the device: the
-/// reduction kernel with `max(x, x)` and the average's last step, then waited for, since the
-/// next step may read it from the host twin.
+/// `avg`'s division of `elems` elements at twin `p` by the job's size, on the device, then
+/// waited for, since the next step may read it from the host twin.
 fn divide(
     d: &mut dyn Offload,
     p: *mut u8,
@@ -417,7 +441,7 @@ fn divide(
     n: usize,
 ) -> Result<(), OffloadError> {
     let a = device_of(d.mirrors(), p, elems * dtype.size())?;
-    d.reduce_on_device(a, a, a, elems, dtype, ReduceOp::Max, Some(n))?;
+    d.avg_on_device(a, elems, dtype, n)?;
     d.sync()
 }
 

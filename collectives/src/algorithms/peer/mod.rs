@@ -14,8 +14,9 @@
 //! Exchanges over the communicator's connections order each call, as in
 //! [`crate::algorithms::direct`]: the handles themselves (each rank has entered the call
 //! and its device has finished writing its input), a middle one when a rank's output is
-//! some peer's input still to be read (AlltoAll, AlltoAllv and SendRecv in place), and a final one
-//! (every rank has finished reading and writing the others' buffers, so each may return).
+//! some peer's input still to be read (AlltoAll, AlltoAllv and SendRecv in place), and a
+//! final one (every rank has finished reading and writing the others' buffers, so each may
+//! return).
 //! AlltoAllv adds one exchange after the handles: every rank's sizes per peer, from which
 //! each finds its block in every peer's send buffer and checks it is the size it expects.
 //! Every rank waits for its own device before each exchange.
