@@ -74,14 +74,13 @@ pub fn split(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::subcomm::BoxError;
+    use crate::subcomm::tests::loopback_factory;
     use busbw_collectives::offload::sim::SimDevice;
     use busbw_collectives::testing::{run_threads, thread_world, ThreadTransport};
     use busbw_collectives::{
         all_reduce, CommConfig, Data, DataType, MemorySpace, Mirror, ReduceOp,
     };
-    use busbw_launchers::{MemoryStore, Store};
-    use busbw_transports::{Abort, Identity, Transport};
+    use busbw_launchers::MemoryStore;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -94,7 +93,6 @@ mod tests {
         let (n, count) = (4usize, 1000usize);
         let ranks: Vec<usize> = (10..14).collect();
         let store = Arc::new(MemoryStore::new());
-        store.set("job", b"42").unwrap();
         let cfg = CommConfig {
             timeout: Duration::from_secs(20),
             map_peers: true,
@@ -104,28 +102,10 @@ mod tests {
         for c in &mut world {
             c.set_nodes(vec![0, 0, 1, 1]).unwrap();
         }
-        let tcp = crate::transport::TcpSetup {
-            bind: std::net::IpAddr::from([127, 0, 0, 1]),
-            advertise: None,
-            threads: 1,
-            socks_per_thread: 1,
-        };
         let res = run_threads(world, |comm| {
             let g = comm.rank();
-            let factory = crate::Factory::new(
-                store.clone(),
-                None,
-                ranks[g],
-                Duration::from_secs(20),
-                Abort::new(),
-                Box::new(
-                    move |id: Identity| -> Result<Box<dyn Transport>, BoxError> {
-                        Ok(crate::transport::tcp_transport(id, tcp))
-                    },
-                ),
-            )
-            .unwrap()
-            .map_peers(true);
+            let factory =
+                loopback_factory(store.clone(), ranks[g], Duration::from_secs(20)).map_peers(true);
             assert_eq!(split(comm, &factory, "t2/g0", &ranks).unwrap(), None);
             let mut sim = SimDevice::new(Duration::ZERO, g as u64).ipc((g / 2) as u64);
             let bytes = count * 4;

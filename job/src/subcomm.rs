@@ -177,9 +177,38 @@ fn named(e: StoreError, prefix: &str, group: &str, ranks: &[usize]) -> BuildErro
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use busbw_launchers::MemoryStore;
+
+    /// A factory for job rank `rank` whose groups connect over TCP on loopback through
+    /// `store` (which holds the job's id, "42").
+    pub(crate) fn loopback_factory(
+        store: Arc<MemoryStore>,
+        rank: usize,
+        timeout: Duration,
+    ) -> Factory {
+        let tcp = crate::transport::TcpSetup {
+            bind: std::net::IpAddr::from([127, 0, 0, 1]),
+            advertise: None,
+            threads: 1,
+            socks_per_thread: 1,
+        };
+        store.set("job", b"42").unwrap();
+        Factory::new(
+            store,
+            None,
+            rank,
+            timeout,
+            Abort::new(),
+            Box::new(
+                move |id: Identity| -> Result<Box<dyn Transport>, BoxError> {
+                    Ok(crate::transport::tcp_transport(id, tcp))
+                },
+            ),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn group_names_give_distinct_job_ids() {
@@ -221,29 +250,9 @@ mod tests {
     /// (device buffers over shm/auto): the GPU-to-GPU path agrees on it per communicator.
     #[test]
     fn a_group_maps_peers_only_when_asked() {
-        let tcp = crate::transport::TcpSetup {
-            bind: std::net::IpAddr::from([127, 0, 0, 1]),
-            advertise: None,
-            threads: 1,
-            socks_per_thread: 1,
-        };
         for on in [false, true] {
             let store = Arc::new(MemoryStore::new());
-            store.set("job", b"42").unwrap();
-            let f = Factory::new(
-                store,
-                None,
-                0,
-                Duration::from_secs(5),
-                Abort::new(),
-                Box::new(
-                    move |id: Identity| -> Result<Box<dyn Transport>, BoxError> {
-                        Ok(crate::transport::tcp_transport(id, tcp))
-                    },
-                ),
-            )
-            .unwrap()
-            .map_peers(on);
+            let f = loopback_factory(store, 0, Duration::from_secs(5)).map_peers(on);
             let comm = f.build("t0/g0", &[0], &[0]).unwrap();
             assert_eq!(comm.config().map_peers, on);
         }

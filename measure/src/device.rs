@@ -12,7 +12,7 @@
 //! Without feature `cuda` [`DeviceMem`] is uninhabited: the harness's device branches
 //! compile and are never taken.
 
-use crate::error::Result;
+use crate::error::{Context, Result};
 use crate::specs::{CollectiveSpec, DataCtx};
 use busbw_collectives::cuda::select::Slot;
 use busbw_collectives::Communicator;
@@ -98,11 +98,12 @@ pub(crate) fn across_hosts(
     local: Option<String>,
     first: bool,
 ) -> Result<String> {
-    let mut agreed = match first {
-        true => [u32::from(local.is_none()), 1],
-        false => [0, 0],
+    // Each host's first rank counts its host, and whether its ranks agreed.
+    let mut agreed = if first {
+        [u32::from(local.is_none()), 1]
+    } else {
+        [0, 0]
     };
-    use crate::error::Context;
     busbw_collectives::all_reduce_values(comm, &mut agreed, busbw_collectives::ReduceOp::Sum)
         .context("counting the hosts whose GPUs talk directly")?;
     let [ok, hosts] = agreed;
@@ -616,15 +617,10 @@ mod imp {
             let (path, line) = gpudirect::path_line(&props, None, self.info.dmabuf, sysfs);
             self.dev.set_path(path);
             self.dev.offer_peers(true);
-            let local = match peer::hierarchy(comm) {
-                Some(h) => Some((
-                    peer::agree(h.node(), &mut self.dev)
-                        .context("agreeing whether this host's GPUs talk directly")?,
-                    h.node().rank() == 0,
-                )),
-                None => None,
-            };
-            if let Some((local, first)) = local {
+            if let Some(h) = peer::hierarchy(comm) {
+                let local = peer::agree(h.node(), &mut self.dev)
+                    .context("agreeing whether this host's GPUs talk directly")?;
+                let first = h.node().rank() == 0;
                 return super::across_hosts(comm, &line, local, first);
             }
             let why = peer::agree(comm, &mut self.dev)

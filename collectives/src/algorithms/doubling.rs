@@ -52,7 +52,8 @@ pub fn doubling_all_reduce(
     let Some(data) = peer::offer(
         comm,
         data,
-        Call::reducing(Kind::AllReduce, "doubling_all_reduce", count, dtype, op),
+        Call::reducing(Kind::AllReduce, "doubling_all_reduce", count, dtype, op)
+            .by(doubling_all_reduce),
     )?
     else {
         return Ok(());

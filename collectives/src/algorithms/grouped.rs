@@ -357,16 +357,15 @@ pub(crate) fn alltoallv_remote(
     let (n, r) = (comm.size(), comm.rank());
     let (soff, roff) = (offsets(send_bytes), offsets(recv_bytes));
     // In ring order from this rank, as the flat AlltoAllv posts them.
-    let others: Vec<(usize, usize)> = (1..n).map(|i| ((r + i) % n, (r + n - i) % n)).collect();
-    let sends: Vec<Block> = others
-        .iter()
-        .filter(|&&(to, _)| !local.contains(&to))
-        .map(|&(to, _)| (to, soff[to], send_bytes[to]))
+    let sends: Vec<Block> = (1..n)
+        .map(|i| (r + i) % n)
+        .filter(|to| !local.contains(to))
+        .map(|to| (to, soff[to], send_bytes[to]))
         .collect();
-    let recvs: Vec<Block> = others
-        .iter()
-        .filter(|&&(_, back)| !local.contains(&back))
-        .map(|&(_, back)| (back, roff[back], recv_bytes[back]))
+    let recvs: Vec<Block> = (1..n)
+        .map(|i| (r + n - i) % n)
+        .filter(|from| !local.contains(from))
+        .map(|from| (from, roff[from], recv_bytes[from]))
         .collect();
     staged_blocks(comm, data, (soff[n], roff[n]), (&sends, &recvs), name)
 }

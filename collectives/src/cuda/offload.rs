@@ -247,6 +247,25 @@ impl CudaOffload {
             .map_err(|e| OffloadError(format!("allocating {bytes} bytes of device {what}: {e}")))?;
         Ok(Pair { host, dev })
     }
+
+    /// The host side of one of the offload's own pairs (`slot`: scratch, workspace or the
+    /// `mulsum` input), reallocated and mirrored again when it holds fewer than `bytes`.
+    fn grown(
+        &mut self,
+        slot: fn(&mut Self) -> &mut Option<Pair>,
+        bytes: usize,
+        what: &str,
+    ) -> Result<*mut u8, OffloadError> {
+        if slot(self).as_ref().is_none_or(|p| p.host.len() < bytes) {
+            let pair = self.pair(bytes, what)?;
+            *slot(self) = Some(pair);
+            self.remirror()?;
+        }
+        match slot(self).as_mut() {
+            Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
+            None => Err(OffloadError(format!("no {what} memory"))),
+        }
+    }
 }
 
 impl Offload for CudaOffload {
@@ -345,25 +364,11 @@ impl Offload for CudaOffload {
     }
 
     fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        if self.scratch.as_ref().is_none_or(|p| p.host.len() < bytes) {
-            self.scratch = Some(self.pair(bytes, "scratch")?);
-            self.remirror()?;
-        }
-        match self.scratch.as_mut() {
-            Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
-            None => Err(OffloadError("no scratch memory".into())),
-        }
+        self.grown(|o| &mut o.scratch, bytes, "scratch")
     }
 
     fn workspace(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        if self.workspace.as_ref().is_none_or(|p| p.host.len() < bytes) {
-            self.workspace = Some(self.pair(bytes, "workspace")?);
-            self.remirror()?;
-        }
-        match self.workspace.as_mut() {
-            Some(p) => Ok(p.host.as_mut_slice().map_err(oe)?.as_mut_ptr()),
-            None => Err(OffloadError("no workspace memory".into())),
-        }
+        self.grown(|o| &mut o.workspace, bytes, "workspace")
     }
 
     fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError> {
@@ -429,14 +434,7 @@ impl Offload for CudaOffload {
     ) -> Result<*const u8, OffloadError> {
         let bytes = elems * dtype.size();
         let s = self.dev(src, bytes)?;
-        if self.premul.as_ref().is_none_or(|p| p.host.len() < bytes) {
-            self.premul = Some(self.pair(bytes, "mulsum input")?);
-            self.remirror()?;
-        }
-        let host = match self.premul.as_mut() {
-            Some(p) => p.host.as_mut_slice().map_err(oe)?.as_mut_ptr(),
-            None => return Err(OffloadError("no mulsum buffer".into())),
-        };
+        let host = self.grown(|o| &mut o.premul, bytes, "mulsum input")?;
         let d = self.dev(host, bytes)?;
         // SAFETY: both ranges checked for `bytes`; the premultiplied buffer is the offload's.
         unsafe { self.gpu.premultiply_at(d, s, elems, rank, dtype) }.map_err(oe)?;

@@ -396,6 +396,21 @@ impl SimDevice {
         &self.refusals
     }
 
+    /// The host side of one of the device's own pairs (`slot`: scratch, workspace or the
+    /// `mulsum` input), reallocated and mirrored again when it holds fewer than `bytes`.
+    /// Nothing in flight may still use the old memory, so it waits for the queue first.
+    fn grown(
+        &mut self,
+        slot: fn(&mut Self) -> &mut Pair,
+        bytes: usize,
+    ) -> Result<*mut u8, OffloadError> {
+        self.sync()?;
+        if slot(self).ensure(bytes)? {
+            self.remirror();
+        }
+        Ok(slot(self).host.as_mut_slice().as_mut_ptr())
+    }
+
     fn remirror(&mut self) {
         let mut all = self.user.clone();
         for p in [&mut self.scratch, &mut self.workspace, &mut self.premul] {
@@ -532,19 +547,11 @@ impl Offload for SimDevice {
     }
 
     fn scratch(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        self.sync()?;
-        if self.scratch.ensure(bytes)? {
-            self.remirror();
-        }
-        Ok(self.scratch.host.as_mut_slice().as_mut_ptr())
+        self.grown(|d| &mut d.scratch, bytes)
     }
 
     fn workspace(&mut self, bytes: usize) -> Result<*mut u8, OffloadError> {
-        self.sync()?;
-        if self.workspace.ensure(bytes)? {
-            self.remirror();
-        }
-        Ok(self.workspace.host.as_mut_slice().as_mut_ptr())
+        self.grown(|d| &mut d.workspace, bytes)
     }
 
     fn download(&mut self, host: *const u8, len: usize) -> Result<Ticket, OffloadError> {
@@ -617,11 +624,7 @@ impl Offload for SimDevice {
     ) -> Result<*const u8, OffloadError> {
         let bytes = elems * dtype.size();
         let s = self.dev(src, bytes)?;
-        self.sync()?;
-        if self.premul.ensure(bytes)? {
-            self.remirror();
-        }
-        let host = self.premul.host.as_mut_slice().as_mut_ptr();
+        let host = self.grown(|d| &mut d.premul, bytes)?;
         let dst = self.dev(host, bytes)?;
         self.counts.premultiplies += 1;
         self.issue(Job::Scale {

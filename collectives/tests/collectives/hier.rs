@@ -9,7 +9,7 @@ use busbw_collectives::algorithms::peer::Hierarchy;
 use busbw_collectives::link::nodes::NodeMap;
 use busbw_collectives::testing::run_threads;
 use busbw_collectives::testing::{thread_world, ThreadTransport};
-use busbw_collectives::DataType;
+use busbw_collectives::{Communicator, DataType};
 use std::time::Duration;
 
 /// 2 hosts of 2 and of 3 ranks, 3 hosts of 2; a count the host's ranks divide, one they do
@@ -71,30 +71,27 @@ fn a_hierarchy_needs_ranks_numbered_host_by_host() {
         }
         w
     };
-    let two = || thread_world(2, ThreadTransport::Inproc, Default::default()).unwrap();
+    // Why `world` refuses a hierarchy of rank `node` of a node communicator of 2 and rank
+    // `rail` of a rail communicator of 2 (`None`: it takes it).
+    let refusal = |world: &Communicator, node: usize, rail: usize| {
+        let two = || thread_world(2, ThreadTransport::Inproc, Default::default()).unwrap();
+        let (mut nodes, mut rails) = (two(), two());
+        Hierarchy::new(world, nodes.remove(node), rails.remove(rail))
+            .err()
+            .map(|e| e.to_string())
+    };
     // Hosts interleaved: a host's blocks would not be one range.
     let w = world(vec![0, 1, 0, 1]);
-    let (mut node, mut rail) = (two(), two());
-    let e = Hierarchy::new(&w[0], node.remove(0), rail.remove(0))
-        .err()
-        .unwrap();
+    let e = refusal(&w[0], 0, 0).unwrap_or_default();
     assert!(
-        e.to_string()
-            .contains("the 2 hosts' ranks are not numbered host by host"),
+        e.contains("the 2 hosts' ranks are not numbered host by host"),
         "{e}"
     );
     // Right map, but rank 1 handed the node communicator's rank 0.
     let w = world(vec![0, 0, 1, 1]);
-    let (mut node, mut rail) = (two(), two());
-    let e = Hierarchy::new(&w[1], node.remove(0), rail.remove(0))
-        .err()
-        .unwrap();
-    assert!(
-        e.to_string().contains("rank 0 of its host's communicator"),
-        "{e}"
-    );
-    let (mut node, mut rail) = (two(), two());
-    assert!(Hierarchy::new(&w[1], node.remove(1), rail.remove(0)).is_ok());
+    let e = refusal(&w[1], 0, 0).unwrap_or_default();
+    assert!(e.contains("rank 0 of its host's communicator"), "{e}");
+    assert_eq!(refusal(&w[1], 1, 0), None);
 }
 
 /// AlltoAllv with irregular sizes (zeros included) on 2 hosts of 2 and of 3 ranks, in and
@@ -124,6 +121,7 @@ fn alltoallv_runs_across_hosts() {
     }
 }
 
+/// Which node maps split by host and rail, and the words for those that do not.
 #[test]
 fn only_equal_hosts_numbered_host_by_host_split() {
     let per = |labels: &[usize]| Hierarchy::ranks_per_host(&NodeMap::from_labels(labels));

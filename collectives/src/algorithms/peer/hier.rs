@@ -37,7 +37,7 @@
 //! rank): a host's blocks of a ReduceScatter or AllGather are then one contiguous range.
 
 use super::{Call, Kind};
-use crate::algorithms::{chain, doubling, grouped, ring, tree};
+use crate::algorithms::{chain, grouped, ring};
 use crate::dtype::{DataType, ReduceOp};
 use crate::engine::data::Data;
 use crate::engine::space::MemorySpace;
@@ -200,7 +200,7 @@ pub(crate) unsafe fn run(
                 };
                 ring::reduce_scatter(node, x, share, dtype, op).map_err(on(Group::Node))?;
                 let x = inplace(d, mine, blk);
-                rail_all_reduce(c.name, rail, x, share, dtype, op).map_err(on(Group::Rail))?;
+                (c.all_reduce)(rail, x, share, dtype, op).map_err(on(Group::Rail))?;
                 if avg {
                     divide(d, mine, share, dtype, n).map_err(dev)?;
                 }
@@ -330,16 +330,18 @@ pub(crate) unsafe fn run(
             }
             let x = oop(d, src, sends.iter().sum(), dst, recvs.iter().sum());
             grouped::alltoallv(node, x, &sends, &recvs).map_err(on(Group::Node))?;
-            let out: Vec<grouped::Block> = match to_next {
-                false => vec![((g + 1) % n, 0, kb)],
-                true => Vec::new(),
+            let out: &[grouped::Block] = if to_next {
+                &[]
+            } else {
+                &[((g + 1) % n, 0, kb)]
             };
-            let inn: Vec<grouped::Block> = match from_prev {
-                false => vec![((g + n - 1) % n, 0, kb)],
-                true => Vec::new(),
+            let inn: &[grouped::Block] = if from_prev {
+                &[]
+            } else {
+                &[((g + n - 1) % n, 0, kb)]
             };
             let x = oop(d, src, kb, dst, kb);
-            grouped::staged_blocks(world, x, (kb, kb), (&out, &inn), c.name)?;
+            grouped::staged_blocks(world, x, (kb, kb), (out, inn), c.name)?;
         }
         Kind::Scatter | Kind::Gather => {
             // The root's host's blocks GPU to GPU from (or to) the root's local rank; the
@@ -413,22 +415,6 @@ pub(crate) unsafe fn run(
         }
     }
     Ok(())
-}
-
-/// The AllReduce of the rail: the algorithm the call asked for.
-fn rail_all_reduce(
-    name: &str,
-    rail: &mut Communicator,
-    x: Data<'_>,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-) -> Result<(), CommError> {
-    match name {
-        "tree_all_reduce" => tree::tree_all_reduce(rail, x, count, dtype, op),
-        "doubling_all_reduce" => doubling::doubling_all_reduce(rail, x, count, dtype, op),
-        _ => ring::all_reduce(rail, x, count, dtype, op),
-    }
 }
 
 /// `avg`'s division of `elems` elements at twin `p` by the job's size, on the device, then

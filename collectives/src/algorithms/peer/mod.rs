@@ -80,6 +80,11 @@ impl Kind {
     }
 }
 
+/// An AllReduce algorithm: a call names the one it is, which the steps across hosts
+/// ([`hier`]) then run on the rail.
+pub(crate) type AllReduceFn =
+    fn(&mut Communicator, Data<'_>, usize, DataType, ReduceOp) -> Result<(), CommError>;
+
 /// One collective call as the peer path sees it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Call<'v> {
@@ -89,6 +94,8 @@ pub(crate) struct Call<'v> {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub root: usize,
+    /// The AllReduce this call is (ring unless [`Call::by`] says otherwise).
+    pub all_reduce: AllReduceFn,
     /// AlltoAllv's bytes to and from each rank (empty for the other kinds).
     pub sends: &'v [usize],
     pub recvs: &'v [usize],
@@ -126,6 +133,7 @@ impl<'v> Call<'v> {
             dtype,
             op,
             root: 0,
+            all_reduce: crate::algorithms::ring::all_reduce,
             sends: &[],
             recvs: &[],
         }
@@ -134,6 +142,11 @@ impl<'v> Call<'v> {
     /// The same call with a root.
     pub fn at(self, root: usize) -> Call<'v> {
         Call { root, ..self }
+    }
+
+    /// The same AllReduce call, as algorithm `all_reduce`.
+    pub fn by(self, all_reduce: AllReduceFn) -> Call<'v> {
+        Call { all_reduce, ..self }
     }
 }
 

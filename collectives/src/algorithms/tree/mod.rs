@@ -103,7 +103,7 @@ pub fn tree_all_reduce(
     let Some(data) = peer::offer(
         comm,
         data,
-        Call::reducing(Kind::AllReduce, "tree_all_reduce", count, dtype, op),
+        Call::reducing(Kind::AllReduce, "tree_all_reduce", count, dtype, op).by(tree_all_reduce),
     )?
     else {
         return Ok(());
