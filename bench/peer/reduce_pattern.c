@@ -4,8 +4,10 @@
  *
  * NP processes (forked here, each timed pass started together at a shared barrier) each do
  * what one rank of the direct AllReduce of S bytes does to memory: read its slice (S/NP) of
- * NP inputs, sum them 16 KiB at a time in an L1 buffer, and write the sum into its slice of
- * NP outputs. Each process owns all its slices, so the job's footprint is busbw's (NP x S
+ * NP inputs, sum them a block at a time (256 bytes, busbw's fused kernel: the block's lines
+ * go out while the next block's are read), and write the sum into its slice of NP outputs.
+ * REDUCE_PATTERN_BLOCK=BYTES (a multiple of 64, at most 16384) changes the block: 16384 is
+ * busbw's chunked path before 2026-12-05 (and still the narrow floats'). Each process owns all its slices, so the job's footprint is busbw's (NP x S
  * in place, 2 x NP x S out of place) with no peer mapping and no flags, and the same buffers
  * every pass (busbw's --rotate 0). Three ways to write:
  *   ip      the outputs are the inputs (ordinary stores to lines just read)
@@ -31,7 +33,7 @@
 
 #include "clock.h"
 
-#define CHUNK 4096 /* floats: 16 KiB, busbw's chunk */
+#define CHUNK 4096 /* floats: 16 KiB, the largest block */
 #define MAXNP 64
 #define MAXREPS 1000
 
@@ -51,6 +53,7 @@ static void *region(size_t bytes)
     return p;
 }
 
+/* Inline loops, not memcpy: a library call per 256-byte block costs more than the block. */
 static void store(float *dst, const float *src, size_t n, int stream)
 {
     size_t i = 0;
@@ -58,22 +61,29 @@ static void store(float *dst, const float *src, size_t n, int stream)
     if (stream) {
         for (; i + 16 <= n; i += 16)
             _mm512_stream_ps(dst + i, _mm512_load_ps(src + i));
+    } else {
+        for (; i + 16 <= n; i += 16)
+            _mm512_store_ps(dst + i, _mm512_load_ps(src + i));
     }
 #else
     if (stream) {
         for (; i + 4 <= n; i += 4)
             _mm_stream_ps(dst + i, _mm_load_ps(src + i));
+    } else {
+        for (; i + 4 <= n; i += 4)
+            _mm_store_ps(dst + i, _mm_load_ps(src + i));
     }
 #endif
-    memcpy(dst + i, src + i, (n - i) * sizeof(float));
+    for (; i < n; i++)
+        dst[i] = src[i];
 }
 
 /* One rank's pass: its slice of `np` inputs summed into its slice of `np` outputs. */
-static void pass(float **in, float **out, int np, size_t per, int stream)
+static void pass(float **in, float **out, int np, size_t per, size_t block, int stream)
 {
     static float acc[CHUNK] __attribute__((aligned(64)));
-    for (size_t at = 0; at < per; at += CHUNK) {
-        size_t len = per - at < CHUNK ? per - at : CHUNK;
+    for (size_t at = 0; at < per; at += block) {
+        size_t len = per - at < block ? per - at : block;
         for (size_t i = 0; i < len; i++)
             acc[i] = in[0][at + i] + in[1][at + i];
         for (int p = 2; p < np; p++)
@@ -92,6 +102,14 @@ int main(int argc, char **argv)
         return 2;
     }
     int np = atoi(argv[1]), reps = atoi(argv[2]);
+    const char *env = getenv("REDUCE_PATTERN_BLOCK");
+    size_t block_bytes = env ? strtoull(env, NULL, 10) : 256;
+    if (block_bytes < 64 || block_bytes > CHUNK * sizeof(float) || block_bytes % 64) {
+        fprintf(stderr, "reduce_pattern: REDUCE_PATTERN_BLOCK is a multiple of 64 up to %zu\n",
+                CHUNK * sizeof(float));
+        return 2;
+    }
+    size_t block = block_bytes / sizeof(float);
     if (np < 2 || np > MAXNP || reps < 1 || reps > MAXREPS) {
         fprintf(stderr, "reduce_pattern: NP in 2..%d, REPS in 1..%d\n", MAXNP, MAXREPS);
         return 2;
@@ -120,7 +138,7 @@ int main(int argc, char **argv)
                     for (int rep = -2; rep < reps; rep++) {
                         pthread_barrier_wait(&sh->bar);
                         double t = now();
-                        pass(in, way == 0 ? in : out, np, per, way == 1);
+                        pass(in, way == 0 ? in : out, np, per, block, way == 1);
                         double dt = now() - t;
                         if (rep >= 0)
                             sh->secs[way][rep][r] = dt;

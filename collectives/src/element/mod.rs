@@ -14,12 +14,14 @@
 //! float-based fp8 reductions produce.
 
 pub mod fp8;
+mod fused;
 mod narrow;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use fp8::{F8E4M3, F8E5M2};
+pub use fused::{reduce_to_all, reduce_to_all_simd};
 /// Re-exported so `with_dtype!` and callers can name the 16-bit types without depending on
 /// `half` themselves.
 pub use half::{bf16, f16};

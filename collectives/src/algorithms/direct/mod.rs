@@ -5,10 +5,10 @@
 //! memory), is read back and reduced, and the result travels again for the all-gather. When
 //! every rank's buffers are shared memory ([`HostBuffer::shared`](crate::HostBuffer::shared)),
 //! each rank can instead map its peers' buffers ([`window`]) and own one slice of the result
-//! outright: it reads that slice of every rank's input once, reduces it in a chunk that stays
-//! in L1, and writes the result once into every rank's output (NCCL's P2P transport with
-//! direct pointers and MPI's XPMEM collectives work the same way). Each input is read once
-//! and each output written once, with no staging and no second pass.
+//! outright: it reads that slice of every rank's input once, reduces it a few cache lines at a
+//! time, and writes each line of the result at once into every rank's output (NCCL's P2P
+//! transport with direct pointers and MPI's XPMEM collectives work the same way). Each input
+//! is read once and each output written once, with no staging and no second pass.
 //!
 //! Two small all-to-all exchanges over the communicator's connections order the call:
 //! before it, every rank says where its buffers are (and so that it has entered the call,
@@ -39,8 +39,9 @@ const MAGIC: u64 = u64::from_le_bytes(*b"bbwdir01");
 /// Words of one rank's description: magic, shareable, bytes, spare, then the send buffer's
 /// and the receive buffer's [`Key`]s.
 const WORDS: usize = 16;
-/// The chunk reduced at a time: small enough to stay in L1 with its scratch twin, large
-/// enough that a kernel call's fixed cost is noise.
+/// The chunk reduced at a time where there is no fused kernel (the narrow floats): small
+/// enough to stay in L1 with its scratch twin, large enough that a kernel call's fixed cost
+/// is noise.
 const CHUNK_BYTES: usize = 16 << 10;
 /// Out-of-place calls from this size on write their outputs with streaming stores: measured
 /// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1-1.3x at 128 KiB rotating, 1.4-2.3x from 256 KiB up,
@@ -48,10 +49,11 @@ const CHUNK_BYTES: usize = 16 << 10;
 /// Intel Xeon of 2026 (2 MiB L2) streaming is 1.05-1.09x slower from 256 KiB to 16 MiB, where
 /// the loop's buffers stay in its last-level cache, and 1.6x faster from 64 MiB: the cost is
 /// lopsided, so such calls stream unless their output is known to be cached (a call that
-/// rewrites the last call's output inside the L2, [`reduce_slice`]). Choosing per size from
-/// the first calls' timings was
-/// tried and dropped: after a switch of store kind the cache takes more calls to settle than
-/// a benchmark's warm-up gives, and the trial picked the slow kind at 2 and 16 MiB.
+/// rewrites the last call's output inside the L2, [`reduce_slice`]). The fused kernel keeps
+/// that trade: ordinary stores 1.04-1.08x faster at 4 and 16 MiB, 1.7x slower at 64 MiB
+/// (2026-12-05). Choosing per size from the first calls' timings was tried and dropped: after
+/// a switch of store kind the cache takes more calls to settle than a benchmark's warm-up
+/// gives, and the trial picked the slow kind at 2 and 16 MiB.
 const STREAM_MIN_BYTES: usize = 256 << 10;
 /// A core's L2 where sysfs does not say: the smallest of current server cores'.
 const L2_GUESS: usize = 1 << 20;
@@ -456,8 +458,8 @@ unsafe fn run<T: Element>(
     Ok(None)
 }
 
-/// Reduces this rank's slice of every input chunk by chunk and writes each chunk into every
-/// output.
+/// Reduces this rank's slice of every input and writes it into every output: in one pass
+/// ([`element::reduce_to_all`]) or chunk by chunk.
 ///
 /// # Safety
 /// Every pointer is valid for `count` elements; no two outputs overlap another rank's slice
@@ -474,12 +476,6 @@ unsafe fn reduce_slice<T: Element>(
     let n = inputs.len();
     let esize = std::mem::size_of::<T>();
     let (lo, hi) = slice(count, esize, n, me);
-    let chunk = CHUNK_BYTES / esize;
-    let words = CHUNK_BYTES / 8;
-    st.acc.resize(words, 0);
-    st.tmp.resize(words, 0);
-    let acc = std::slice::from_raw_parts_mut(st.acc.as_mut_ptr() as *mut T, chunk);
-    let tmp = std::slice::from_raw_parts_mut(st.tmp.as_mut_ptr() as *mut T, chunk);
     // Out of place, the outputs are not read again by this call or (in a benchmark's loop)
     // the next: stream them past the cache from STREAM_MIN_BYTES on. In place, the output
     // is the next call's input, which streaming would evict (measured slower at every size).
@@ -494,6 +490,20 @@ unsafe fn reduce_slice<T: Element>(
     if oop {
         st.last_out = out;
     }
+    // Reads and writes interleaved a few lines at a time, where the type has such a kernel;
+    // otherwise (the narrow floats) chunk by chunk through L1.
+    if element::reduce_to_all(op, inputs, outputs, lo, hi, stream) {
+        if stream {
+            store_fence();
+        }
+        return;
+    }
+    let chunk = CHUNK_BYTES / esize;
+    let words = CHUNK_BYTES / 8;
+    st.acc.resize(words, 0);
+    st.tmp.resize(words, 0);
+    let acc = std::slice::from_raw_parts_mut(st.acc.as_mut_ptr() as *mut T, chunk);
+    let tmp = std::slice::from_raw_parts_mut(st.tmp.as_mut_ptr() as *mut T, chunk);
     let mut at = lo;
     while at < hi {
         let len = chunk.min(hi - at);
