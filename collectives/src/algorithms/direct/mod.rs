@@ -45,7 +45,7 @@ const WORDS: usize = 16;
 const CHUNK_BYTES: usize = 16 << 10;
 /// Out-of-place calls from this size on write their outputs with streaming stores: measured
 /// on 2 ranks (Zen 4, 1 MiB L2 per core) 1.1-1.3x at 128 KiB rotating, 1.4-2.3x from 256 KiB up,
-/// and no slower without rotation from 256 KiB on (BENCHMARKS.md, "Direct AllReduce"). On an
+/// and no slower without rotation from 256 KiB on (in BENCHMARKS.md's history). On an
 /// Intel Xeon of 2026 (2 MiB L2) streaming is 1.05-1.09x slower from 256 KiB to 16 MiB, where
 /// the loop's buffers stay in its last-level cache, and 1.6x faster from 64 MiB: the cost is
 /// lopsided, so such calls stream unless their output is known to be cached (a call that
