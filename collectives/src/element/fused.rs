@@ -25,6 +25,10 @@ use crate::dtype::{DataType, ReduceOp};
 /// Bytes reduced at a time: four lines, 256 bytes (the measured sweet spot of the pattern:
 /// 1 KiB was as fast, 4 KiB already as slow as 16 KiB).
 const BLOCK: usize = 256;
+/// How far ahead a streaming pass asks for its inputs' lines into L2: out of place at 64-256
+/// MiB 7-8 % faster at 1 KiB than without (2 ranks, 2026-12-05, three rounds alternating;
+/// 2 KiB no better). In place it gained nothing, so only streaming passes prefetch.
+const AHEAD: usize = 1024;
 /// The line every streaming store fills whole.
 const LINE: usize = 64;
 
@@ -100,11 +104,24 @@ fn native<T: Element>() -> bool {
     )
 }
 
-/// How one line leaves: a streaming store of 64 bytes, or an ordinary copy.
+/// How one line leaves: a streaming store of 64 bytes; and how one is asked for ahead.
 trait Store {
     /// # Safety
     /// `dst` is 64-byte aligned and valid for 64 bytes; `src` is valid for 64 bytes.
     unsafe fn line(dst: *mut u8, src: *const u8);
+
+    /// A hint: any address will do, nothing is read from it.
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: SSE is part of x86_64, and a prefetch never faults.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
 }
 
 #[cfg(all(target_arch = "x86_64", busbw_avx512))]
@@ -230,6 +247,7 @@ unsafe fn blocks<T: Element, S: Store>(
 ) {
     let esize = std::mem::size_of::<T>();
     let per = BLOCK / esize;
+    let ahead = AHEAD / esize;
     let one = |i: usize| {
         let mut v = f(pre(*inputs[0].add(i), 0), pre(*inputs[1].add(i), 1));
         for (p, input) in inputs.iter().enumerate().skip(2) {
@@ -255,6 +273,14 @@ unsafe fn blocks<T: Element, S: Store>(
     while at < end {
         let acc = std::slice::from_raw_parts_mut(acc, per);
         let input = |p: usize| std::slice::from_raw_parts(inputs[p].add(at), per);
+        if stream && at + ahead < end {
+            for &i in inputs {
+                let next = i.add(at + ahead) as *const u8;
+                for l in (0..BLOCK).step_by(LINE) {
+                    S::prefetch(next.wrapping_add(l));
+                }
+            }
+        }
         for ((a, &x), &y) in acc.iter_mut().zip(input(0)).zip(input(1)) {
             *a = f(pre(x, 0), pre(y, 1));
         }
@@ -306,7 +332,7 @@ mod tests {
     fn matches_chunked<T: Element>(value: impl Fn(u64) -> T) {
         let mut seed = 0x9e37_79b9_7f4a_7c15;
         let esize = std::mem::size_of::<T>();
-        let len = 3 * BLOCK / esize + 37;
+        let len = (AHEAD + 3 * BLOCK) / esize + 37;
         let spare = LINE / esize;
         for simd in Simd::ALL.into_iter().filter(|s| s.supported()) {
             for op in ReduceOp::ALL {
