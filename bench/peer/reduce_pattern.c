@@ -6,6 +6,7 @@
  * what one rank of the direct AllReduce of S bytes does to memory: read its slice (S/NP) of
  * NP inputs, sum them a block at a time (256 bytes, busbw's fused kernel: the block's lines
  * go out while the next block's are read), and write the sum into its slice of NP outputs.
+ * Streaming, it asks for the inputs' lines 1 KiB ahead into L2, as busbw does.
  * REDUCE_PATTERN_BLOCK=BYTES (a multiple of 64, at most 16384) changes the block: 16384 is
  * busbw's chunked path before 2026-12-05 (and still the narrow floats'). Each process owns all its slices, so the job's footprint is busbw's (NP x S
  * in place, 2 x NP x S out of place) with no peer mapping and no flags, and the same buffers
@@ -34,6 +35,7 @@
 #include "clock.h"
 
 #define CHUNK 4096 /* floats: 16 KiB, the largest block */
+#define AHEAD 256  /* floats: 1 KiB, busbw's prefetch distance */
 #define MAXNP 64
 #define MAXREPS 1000
 
@@ -84,6 +86,11 @@ static void pass(float **in, float **out, int np, size_t per, size_t block, int 
     static float acc[CHUNK] __attribute__((aligned(64)));
     for (size_t at = 0; at < per; at += block) {
         size_t len = per - at < block ? per - at : block;
+        /* As busbw's streaming pass: the inputs' lines 1 KiB ahead asked for into L2. */
+        if (stream && at + AHEAD + len < per)
+            for (int p = 0; p < np; p++)
+                for (size_t l = 0; l < len; l += 16)
+                    _mm_prefetch((const char *)(in[p] + at + AHEAD + l), _MM_HINT_T1);
         for (size_t i = 0; i < len; i++)
             acc[i] = in[0][at + i] + in[1][at + i];
         for (int p = 2; p < np; p++)
