@@ -3,12 +3,13 @@
 //! The direct AllReduce reduces its slice of every rank's input and writes it into every
 //! rank's output. Reducing a 16 KiB chunk into a scratch buffer and then copying the chunk out
 //! serialises the two halves of the work: while the core reads the inputs no store is in
-//! flight, and while it streams the chunk out no read is. Beyond the caches that costs about
-//! a third: on a 2026 Xeon (family 6 model 167) two ranks' out-of-place sum of 256 MiB took
-//! 29.3-31.1 ms chunked and 23.4-25.1 ms with loads and streaming stores interleaved a few
-//! lines at a time (`bench/peer/reduce_pattern.c`, BENCHMARKS.md "The roofline"). Here the
-//! block reduced at once is four cache lines: its values stay in registers or the store
-//! buffer, and each line goes to every output as soon as it is summed.
+//! flight, and while it streams the chunk out no read is. Beyond the caches that costs a
+//! fifth: on a 2026 Xeon (family 6 model 167) busbw's out-of-place sum of 256 MiB on two
+//! ranks took 30.3-31.6 ms chunked and 24.9-25.0 ms with loads and streaming stores
+//! interleaved a few lines at a time (`bench/peer/reduce_pattern.c`: 29.1-29.3 against
+//! 25.7-26.4 ms; BENCHMARKS.md, "The roofline"). Here the block reduced at once is four
+//! cache lines: its values stay in registers, and each line goes to every output as soon as
+//! it is summed.
 //!
 //! The arithmetic is the chunked path's, operation for operation and in rank order (the
 //! premultiplication of `mulsum`, the final division of `avg`), so the bits are the same.
@@ -26,7 +27,7 @@ use crate::dtype::{DataType, ReduceOp};
 /// 1 KiB was as fast, 4 KiB already as slow as 16 KiB).
 const BLOCK: usize = 256;
 /// How far ahead a streaming pass asks for its inputs' lines into L2: out of place at 64-256
-/// MiB 7-8 % faster at 1 KiB than without (2 ranks, 2026-12-05, three rounds alternating;
+/// MiB 4-8 % faster at 1 KiB than without (2 ranks, 2026-12-05, three rounds alternating;
 /// 2 KiB no better). In place it gained nothing, so only streaming passes prefetch.
 const AHEAD: usize = 1024;
 /// The line every streaming store fills whole.
