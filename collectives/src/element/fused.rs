@@ -20,40 +20,42 @@
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use super::{max, min, premul_scalar, Element, Simd};
+use super::{max, min, premul, Element, Simd};
 use crate::dtype::{DataType, ReduceOp};
 
 /// Bytes reduced at a time: four lines, 256 bytes (the measured sweet spot of the pattern:
 /// 1 KiB was as fast, 4 KiB already as slow as 16 KiB).
 const BLOCK: usize = 256;
-/// How far ahead a streaming pass asks for its inputs' lines into L2: out of place at 64-256
-/// MiB 4-8 % faster at 1 KiB than without (2 ranks, 2026-12-05, three rounds alternating;
-/// 2 KiB no better). In place it gained nothing, so only streaming passes prefetch.
+/// How far ahead a streaming pass asks for its inputs' lines into L2: out of place 3-9 %
+/// faster at 256 MiB and 5-23 % at 64 MiB at 1 KiB than without (2 ranks, 2026-12-05, two
+/// sessions of three rounds alternating; 2 KiB no better). In place it gained nothing, so only streaming passes prefetch.
 const AHEAD: usize = 1024;
 /// The line every streaming store fills whole.
 const LINE: usize = 64;
 
-/// Reduces elements `lo..hi` of every input (in input order) with `op` and writes the result
-/// into the same elements of every output, with streaming stores when `stream` (the lines
-/// are not read back soon; the caller fences before it publishes them) and ordinary ones
-/// otherwise. Returns false, having done nothing, where there is no fused kernel: narrow
-/// floats, the portable tier (no streaming stores to fuse), fewer than two inputs, or
-/// outputs that do not share their offset within a cache line. The caller then runs the
-/// chunked path.
+/// One rank's share of a fused pass: elements `lo..hi` of every input, reduced in input
+/// order, go into the same elements of every output, with streaming stores when `stream`
+/// (the lines are not read back soon; the caller fences before it publishes them) and
+/// ordinary ones otherwise.
+pub struct Pass<'a, T> {
+    pub inputs: &'a [*const T],
+    pub outputs: &'a [*mut T],
+    pub lo: usize,
+    pub hi: usize,
+    pub stream: bool,
+}
+
+/// Runs `pass` with `op`. Returns false, having done nothing, where there is no fused
+/// kernel: narrow floats, the portable tier (no streaming stores to fuse), fewer than two
+/// inputs, or outputs that do not share their offset within a cache line. The caller then
+/// runs the chunked path.
 ///
 /// # Safety
 /// Every pointer is valid for `hi` elements. An output may be an input only at the same
 /// positions (in place): each block of the outputs is written after that block of every
 /// input is read, and no output's `lo..hi` overlaps another input's `lo..hi` otherwise.
-pub unsafe fn reduce_to_all<T: Element>(
-    op: ReduceOp,
-    inputs: &[*const T],
-    outputs: &[*mut T],
-    lo: usize,
-    hi: usize,
-    stream: bool,
-) -> bool {
-    reduce_to_all_simd(Simd::active(), op, inputs, outputs, lo, hi, stream)
+pub unsafe fn reduce_to_all<T: Element>(op: ReduceOp, pass: &Pass<T>) -> bool {
+    reduce_to_all_simd(Simd::active(), op, pass)
 }
 
 /// [`reduce_to_all`] at tier `simd`, or the best tier below it that this CPU runs, so that
@@ -61,36 +63,31 @@ pub unsafe fn reduce_to_all<T: Element>(
 ///
 /// # Safety
 /// As [`reduce_to_all`].
-pub unsafe fn reduce_to_all_simd<T: Element>(
-    simd: Simd,
-    op: ReduceOp,
-    inputs: &[*const T],
-    outputs: &[*mut T],
-    lo: usize,
-    hi: usize,
-    stream: bool,
-) -> bool {
-    if !native::<T>() || inputs.len() < 2 || lo >= hi {
+pub unsafe fn reduce_to_all_simd<T: Element>(simd: Simd, op: ReduceOp, pass: &Pass<T>) -> bool {
+    if pass.lo >= pass.hi {
+        return true;
+    }
+    if !native::<T>() || pass.inputs.len() < 2 {
         return false;
     }
-    let offset = |p: *mut T| (p as usize + lo * std::mem::size_of::<T>()) % LINE;
-    let Some(&first) = outputs.first() else {
+    let offset = |p: *mut T| (p as usize + pass.lo * std::mem::size_of::<T>()) % LINE;
+    let Some(&first) = pass.outputs.first() else {
         return false;
     };
-    if outputs.iter().any(|&o| offset(o) != offset(first)) {
+    if pass.outputs.iter().any(|&o| offset(o) != offset(first)) {
         return false;
     }
     match simd.min(Simd::best()) {
         #[cfg(all(target_arch = "x86_64", busbw_avx512))]
         Simd::Avx512 | Simd::Avx512Fp16 => {
             // SAFETY: the tier is active, so the CPU has AVX-512 F; the rest is the caller's.
-            unsafe { run_avx512(op, inputs, outputs, lo, hi, stream) };
+            unsafe { run_avx512(op, pass) };
             true
         }
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => {
             // SAFETY: as above, for AVX2.
-            unsafe { run_avx2(op, inputs, outputs, lo, hi, stream) };
+            unsafe { run_avx2(op, pass) };
             true
         }
         _ => false,
@@ -105,24 +102,11 @@ fn native<T: Element>() -> bool {
     )
 }
 
-/// How one line leaves: a streaming store of 64 bytes; and how one is asked for ahead.
+/// How one line leaves at a tier: a streaming store of 64 bytes.
 trait Store {
     /// # Safety
     /// `dst` is 64-byte aligned and valid for 64 bytes; `src` is valid for 64 bytes.
     unsafe fn line(dst: *mut u8, src: *const u8);
-
-    /// A hint: any address will do, nothing is read from it.
-    #[inline(always)]
-    fn prefetch(p: *const u8) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: SSE is part of x86_64, and a prefetch never faults.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
-    }
 }
 
 #[cfg(all(target_arch = "x86_64", busbw_avx512))]
@@ -155,21 +139,27 @@ impl Store for Avx2Line {
     }
 }
 
+/// Asks for the line at `p` into L2: a hint, so any address will do and nothing is read.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64, and a prefetch never faults.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// The loop built for one tier: its features enabled, so that the block's plain loops
 /// vectorise at its width, with its streaming store.
 macro_rules! tier {
     ($(#[$cfg:meta])* $name:ident, $features:literal, $store:ty) => {
         $(#[$cfg])*
         #[target_feature(enable = $features)]
-        unsafe fn $name<T: Element>(
-            op: ReduceOp,
-            inputs: &[*const T],
-            outputs: &[*mut T],
-            lo: usize,
-            hi: usize,
-            stream: bool,
-        ) {
-            by_op::<T, $store>(op, inputs, outputs, lo, hi, stream)
+        unsafe fn $name<T: Element>(op: ReduceOp, pass: &Pass<T>) {
+            by_op::<T, $store>(op, pass)
         }
     };
 }
@@ -188,83 +178,59 @@ tier!(
 );
 
 /// Chooses the operation once, outside the loop, so that each loop body is a plain map the
-/// compiler vectorises at the caller's tier.
+/// compiler vectorises at the caller's tier. `mulsum` premultiplies each input by its rank's
+/// factor ([`premul`]), `avg` divides the sum, as the chunked path does.
 #[inline(always)]
-unsafe fn by_op<T: Element, S: Store>(
-    op: ReduceOp,
-    inputs: &[*const T],
-    outputs: &[*mut T],
-    lo: usize,
-    hi: usize,
-    stream: bool,
-) {
-    let n = inputs.len();
+unsafe fn by_op<T: Element, S: Store>(op: ReduceOp, pass: &Pass<T>) {
+    let n = pass.inputs.len();
+    let same = |x, _| x;
+    let done = |x| x;
     match op {
-        ReduceOp::Sum => blocks::<T, S>(inputs, outputs, lo, hi, stream, T::add, |x, _| x, |x| x),
-        ReduceOp::Prod => blocks::<T, S>(inputs, outputs, lo, hi, stream, T::mul, |x, _| x, |x| x),
-        ReduceOp::Min => blocks::<T, S>(inputs, outputs, lo, hi, stream, min, |x, _| x, |x| x),
-        ReduceOp::Max => blocks::<T, S>(inputs, outputs, lo, hi, stream, max, |x, _| x, |x| x),
-        ReduceOp::Avg => blocks::<T, S>(
-            inputs,
-            outputs,
-            lo,
-            hi,
-            stream,
-            T::add,
-            |x, _| x,
-            |x| x.div_n(n),
-        ),
-        ReduceOp::MulSum => {
-            let odd = T::from_f64(premul_scalar(1));
-            let even = T::from_f64(premul_scalar(0));
-            blocks::<T, S>(
-                inputs,
-                outputs,
-                lo,
-                hi,
-                stream,
-                T::add,
-                move |x, p| x.mul(if p % 2 == 0 { even } else { odd }),
-                |x| x,
-            )
-        }
+        ReduceOp::Sum => blocks::<T, S>(pass, T::add, same, done),
+        ReduceOp::Prod => blocks::<T, S>(pass, T::mul, same, done),
+        ReduceOp::Min => blocks::<T, S>(pass, min, same, done),
+        ReduceOp::Max => blocks::<T, S>(pass, max, same, done),
+        ReduceOp::Avg => blocks::<T, S>(pass, T::add, same, |x| x.div_n(n)),
+        ReduceOp::MulSum => blocks::<T, S>(pass, T::add, premul, done),
     }
 }
 
 /// The loop: `pre` each input's value (by input index), combine them with `f` in input order,
 /// `post` the result, and write it to every output, a block at a time between a scalar head
 /// (up to the outputs' first line boundary) and tail.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn blocks<T: Element, S: Store>(
-    inputs: &[*const T],
-    outputs: &[*mut T],
-    lo: usize,
-    hi: usize,
-    stream: bool,
+    pass: &Pass<T>,
     f: impl Fn(T, T) -> T + Copy,
     pre: impl Fn(T, usize) -> T + Copy,
     post: impl Fn(T) -> T + Copy,
 ) {
+    let &Pass {
+        inputs,
+        outputs,
+        lo,
+        hi,
+        stream,
+    } = pass;
     let esize = std::mem::size_of::<T>();
     let per = BLOCK / esize;
     let ahead = AHEAD / esize;
-    let one = |i: usize| {
-        let mut v = f(pre(*inputs[0].add(i), 0), pre(*inputs[1].add(i), 1));
-        for (p, input) in inputs.iter().enumerate().skip(2) {
-            v = f(v, pre(*input.add(i), p));
+    let scalar = |range: std::ops::Range<usize>| {
+        for i in range {
+            let mut v = f(pre(*inputs[0].add(i), 0), pre(*inputs[1].add(i), 1));
+            for (p, input) in inputs.iter().enumerate().skip(2) {
+                v = f(v, pre(*input.add(i), p));
+            }
+            let v = post(v);
+            for &o in outputs {
+                *o.add(i) = v;
+            }
         }
-        post(v)
     };
     let head = (outputs[0].add(lo) as *const u8).align_offset(LINE) / esize;
     let body = lo + head.min(hi - lo);
     let end = body + (hi - body) / per * per;
-    for i in lo..body {
-        let v = one(i);
-        for &o in outputs {
-            *o.add(i) = v;
-        }
-    }
+    scalar(lo..body);
     // A block's values, 64-byte aligned so that each line leaves with one load.
     #[repr(C, align(64))]
     struct Block([u8; BLOCK]);
@@ -278,7 +244,7 @@ unsafe fn blocks<T: Element, S: Store>(
             for &i in inputs {
                 let next = i.add(at + ahead) as *const u8;
                 for l in (0..BLOCK).step_by(LINE) {
-                    S::prefetch(next.wrapping_add(l));
+                    prefetch(next.wrapping_add(l));
                 }
             }
         }
@@ -305,12 +271,7 @@ unsafe fn blocks<T: Element, S: Store>(
         }
         at += per;
     }
-    for i in end..hi {
-        let v = one(i);
-        for &o in outputs {
-            *o.add(i) = v;
-        }
-    }
+    scalar(end..hi);
 }
 
 #[cfg(test)]
@@ -375,9 +336,14 @@ mod tests {
                                 inputs.iter().map(|i| i.as_ptr()).collect()
                             };
                             // SAFETY: every pointer holds `len` >= `hi` elements.
-                            let ran = unsafe {
-                                reduce_to_all_simd(simd, op, &ins, &outs, lo, hi, stream)
+                            let pass = Pass {
+                                inputs: &ins,
+                                outputs: &outs,
+                                lo,
+                                hi,
+                                stream,
                             };
+                            let ran = unsafe { reduce_to_all_simd(simd, op, &pass) };
                             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                             let what = format!(
                                 "{} {simd} {op} n={n} {lo}..{hi} stream={stream} in_place={in_place}",
@@ -443,7 +409,14 @@ mod tests {
                 .add((base + 1 + 16 - (outs[1].as_ptr() as usize) % LINE / 4) % 16)
         };
         // SAFETY: every pointer holds at least 300 elements.
-        let ran = unsafe { reduce_to_all(ReduceOp::Sum, &ins, &[o0, o1], 0, 300, true) };
+        let pass = Pass {
+            inputs: &ins,
+            outputs: &[o0, o1],
+            lo: 0,
+            hi: 300,
+            stream: true,
+        };
+        let ran = unsafe { reduce_to_all(ReduceOp::Sum, &pass) };
         assert!(!ran);
         assert!(
             outs.iter().all(|o| o.iter().all(|&x| x == 0.0)),
@@ -454,16 +427,14 @@ mod tests {
         let mut o = vec![crate::element::bf16::from_f32(0.0); 300];
         let o_ptr = o.as_mut_ptr();
         // SAFETY: as above.
-        let ran = unsafe {
-            reduce_to_all(
-                ReduceOp::Sum,
-                &[a.as_ptr(), a.as_ptr()],
-                &[o_ptr],
-                0,
-                300,
-                false,
-            )
+        let pass = Pass {
+            inputs: &[a.as_ptr(), a.as_ptr()],
+            outputs: &[o_ptr],
+            lo: 0,
+            hi: 300,
+            stream: false,
         };
+        let ran = unsafe { reduce_to_all(ReduceOp::Sum, &pass) };
         assert!(!ran, "bfloat16 has no fused kernel");
         assert!(o.iter().all(|x| x.to_f32() == 0.0));
     }

@@ -21,7 +21,7 @@ mod simd;
 mod x86;
 
 pub use fp8::{F8E4M3, F8E5M2};
-pub use fused::{reduce_to_all, reduce_to_all_simd};
+pub use fused::{reduce_to_all, reduce_to_all_simd, Pass};
 /// Re-exported so `with_dtype!` and callers can name the 16-bit types without depending on
 /// `half` themselves.
 pub use half::{bf16, f16};

@@ -50,7 +50,7 @@ const CHUNK_BYTES: usize = 16 << 10;
 /// the loop's buffers stay in its last-level cache, and 1.6x faster from 64 MiB: the cost is
 /// lopsided, so such calls stream unless their output is known to be cached (a call that
 /// rewrites the last call's output inside the L2, [`reduce_slice`]). The fused kernel keeps
-/// that trade: ordinary stores 1.04-1.08x faster at 4 and 16 MiB, 1.7x slower at 64 MiB
+/// that trade: ordinary stores 1.04-1.09x faster at 4 and 16 MiB, 1.5-1.8x slower at 64 MiB
 /// (2026-12-05). Choosing per size from the first calls' timings was tried and dropped: after
 /// a switch of store kind the cache takes more calls to settle than a benchmark's warm-up
 /// gives, and the trial picked the slow kind at 2 and 16 MiB.
@@ -492,7 +492,14 @@ unsafe fn reduce_slice<T: Element>(
     }
     // Reads and writes interleaved a few lines at a time, where the type has such a kernel;
     // otherwise (the narrow floats) chunk by chunk through L1.
-    if element::reduce_to_all(op, inputs, outputs, lo, hi, stream) {
+    let pass = element::Pass {
+        inputs,
+        outputs,
+        lo,
+        hi,
+        stream,
+    };
+    if element::reduce_to_all(op, &pass) {
         if stream {
             store_fence();
         }
