@@ -251,11 +251,57 @@ fn repeated_out_of_place_calls_into_the_same_output_stay_right() {
     assert_eq!(out, vec![0; 2]);
 }
 
+/// Small calls of changing sizes through the same mailboxes: a message shares the sequence
+/// word's line up to 56 bytes and starts on the next line beyond, so calls alternate between
+/// the two layouts in the same slots, up to the largest message a slot takes.
+#[test]
+fn mailbox_calls_across_its_layouts_stay_right() {
+    const SIZES: [usize; 9] = [56, 57, 1, 64, 8192, 55, 512, 8191, 63];
+    for n in [2, 3] {
+        let comms = thread_world(n, ThreadTransport::Inproc, config(true)).unwrap();
+        let out = run_threads(comms, |comm| {
+            let (dtype, op) = (DataType::Uint8, ReduceOp::Sum);
+            let mut send = buffer(8192, true);
+            let mut recv = buffer(8192, true);
+            let (mut wrong, mut ring) = (0, 0);
+            for round in 0..3 {
+                for (i, &count) in SIZES.iter().enumerate() {
+                    let seed = (100 * round + i) as u64;
+                    let mut want = HostBuffer::new(count).unwrap();
+                    let src = &mut send.as_mut_slice()[..count];
+                    fill_input(dtype, op, src, seed, 0, comm.rank(), n);
+                    fill_expected(dtype, op, want.as_mut_slice(), seed, 0, n);
+                    let dst = &mut recv.as_mut_slice()[..count];
+                    let data = if i % 2 == 0 {
+                        dst.copy_from_slice(&send.as_slice()[..count]);
+                        Data::in_place(dst)
+                    } else {
+                        Data::out_of_place(&send.as_slice()[..count], dst)
+                    };
+                    if !direct_all_reduce(comm, data, count, dtype, op).unwrap() {
+                        ring += 1;
+                    }
+                    wrong += count_wrong(dtype, op, &recv.as_slice()[..count], want.as_slice());
+                }
+            }
+            (wrong, ring)
+        });
+        for (r, (wrong, ring)) in out.iter().enumerate() {
+            assert_eq!(
+                (*wrong, *ring),
+                (0, 0),
+                "n={n} rank {r}: (wrong, ring calls)"
+            );
+        }
+    }
+}
+
 /// Ranks that disagree about the count get an error naming the peer, not a hang, on both
 /// paths (through the mailboxes and through mapped buffers).
 #[test]
 fn disagreeing_counts_fail_with_the_peer_named() {
-    for (a, b) in [(100, 200), (5000, 6000)] {
+    // (14 and 16 floats: 56 and 64 bytes, the two layouts of a mailbox's slot.)
+    for (a, b) in [(100, 200), (5000, 6000), (14, 16)] {
         let comms = thread_world(2, ThreadTransport::Inproc, config(true)).unwrap();
         let out = run_threads(comms, |comm| {
             let count = if comm.rank() == 0 { a } else { b };
