@@ -4,11 +4,15 @@
  *
  * NP processes (forked here, each timed pass started together at a shared barrier) each do
  * what one rank of the direct AllReduce of S bytes does to memory: read its slice (S/NP) of
- * NP inputs, sum them a block at a time (256 bytes, busbw's fused kernel: the block's lines
- * go out while the next block's are read), and write the sum into its slice of NP outputs.
- * Streaming, it asks for the inputs' lines 1 KiB ahead into L2, as busbw does.
- * REDUCE_PATTERN_BLOCK=BYTES (a multiple of 64, at most 16384) changes the block: 16384 is
- * busbw's chunked path before 2026-12-05 (and still the narrow floats'). Each process owns all its slices, so the job's footprint is busbw's (NP x S
+ * NP inputs, sum them a block at a time (256 bytes, busbw's fused kernel: the block's sums
+ * stay in registers and go to every output from there, while the next block's lines are
+ * read), and write the sum into its slice of NP outputs. Streaming, it asks for the inputs'
+ * lines 1 KiB ahead into L2, as busbw does. REDUCE_PATTERN_BLOCK=BYTES (a multiple of 64, at
+ * most 16384) changes the block, summed through a scratch buffer in L1 instead: 16384 is
+ * busbw's chunked path before 2026-12-05 (and still the narrow floats'). Through the scratch
+ * buffer, 256-byte blocks streamed 256 MiB 16-26 % slower than from registers (2 processes,
+ * 2026-12-05, three rounds alternating), which busbw's kernel does not pay.
+ * Each process owns all its slices, so the job's footprint is busbw's (NP x S
  * in place, 2 x NP x S out of place) with no peer mapping and no flags, and the same buffers
  * every pass (busbw's --rotate 0). Three ways to write:
  *   ip      the outputs are the inputs (ordinary stores to lines just read)
@@ -80,11 +84,65 @@ static void store(float *dst, const float *src, size_t n, int stream)
         dst[i] = src[i];
 }
 
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define VW 16
+#define VLOAD _mm512_load_ps
+#define VADD _mm512_add_ps
+#define VSTORE _mm512_store_ps
+#define VSTREAM _mm512_stream_ps
+#elif defined(__AVX__)
+typedef __m256 vec;
+#define VW 8
+#define VLOAD _mm256_load_ps
+#define VADD _mm256_add_ps
+#define VSTORE _mm256_store_ps
+#define VSTREAM _mm256_stream_ps
+#else
+typedef __m128 vec;
+#define VW 4
+#define VLOAD _mm_load_ps
+#define VADD _mm_add_ps
+#define VSTORE _mm_store_ps
+#define VSTREAM _mm_stream_ps
+#endif
+#define BLOCK_FLOATS 64 /* 256 bytes: four lines */
+
+/* The default 256-byte block, as busbw's fused kernel: the block's sums stay in registers and
+ * go to every output from there, so no scratch line is written and read back. Returns where
+ * the whole blocks end. */
+static size_t pass_regs(float **in, float **out, int np, size_t per, int stream)
+{
+    size_t at = 0;
+    for (; at + BLOCK_FLOATS <= per; at += BLOCK_FLOATS) {
+        if (stream && at + AHEAD + BLOCK_FLOATS < per)
+            for (int p = 0; p < np; p++)
+                for (size_t l = 0; l < BLOCK_FLOATS; l += 16)
+                    _mm_prefetch((const char *)(in[p] + at + AHEAD + l), _MM_HINT_T1);
+        vec v[BLOCK_FLOATS / VW];
+        for (int k = 0; k < BLOCK_FLOATS / VW; k++)
+            v[k] = VADD(VLOAD(in[0] + at + k * VW), VLOAD(in[1] + at + k * VW));
+        for (int p = 2; p < np; p++)
+            for (int k = 0; k < BLOCK_FLOATS / VW; k++)
+                v[k] = VADD(v[k], VLOAD(in[p] + at + k * VW));
+        for (int p = 0; p < np; p++) {
+            if (stream)
+                for (int k = 0; k < BLOCK_FLOATS / VW; k++)
+                    VSTREAM(out[p] + at + k * VW, v[k]);
+            else
+                for (int k = 0; k < BLOCK_FLOATS / VW; k++)
+                    VSTORE(out[p] + at + k * VW, v[k]);
+        }
+    }
+    return at;
+}
+
 /* One rank's pass: its slice of `np` inputs summed into its slice of `np` outputs. */
 static void pass(float **in, float **out, int np, size_t per, size_t block, int stream)
 {
     static float acc[CHUNK] __attribute__((aligned(64)));
-    for (size_t at = 0; at < per; at += block) {
+    size_t start = block == BLOCK_FLOATS ? pass_regs(in, out, np, per, stream) : 0;
+    for (size_t at = start; at < per; at += block) {
         size_t len = per - at < block ? per - at : block;
         /* As busbw's streaming pass: the inputs' lines 1 KiB ahead asked for into L2. */
         if (stream && at + AHEAD + len < per)

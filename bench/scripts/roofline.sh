@@ -50,6 +50,8 @@ if ((BUILD)); then (cd "$ROOT" && cargo build --release -q -p busbw); fi
 [[ -x $BUSBW ]] || { echo "roofline.sh: $BUSBW not built (drop --no-build)" >&2; exit 2; }
 
 bytes() { numfmt --from=iec "$1"; }
+PATTERN_SIZES=()
+for s in $SIZES; do b=$(bytes "$s"); ((b < 32768)) || PATTERN_SIZES+=("$b"); done
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -62,8 +64,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     fi
     # No rotation, as busbw's runs below. Below 32 KiB a call is its protocol, judged against
     # the exchange floor instead.
-    # shellcheck disable=SC2046 # one argument per size
-    "$OUT/reduce_pattern" "$NP" 9 $(for s in $SIZES; do b=$(bytes "$s"); ((b < 32768)) || echo "$b"; done) >>"$LOG"
+    if ((${#PATTERN_SIZES[@]})); then
+        "$OUT/reduce_pattern" "$NP" 9 "${PATTERN_SIZES[@]}" >>"$LOG"
+    fi
     for s in $SIZES; do
         b=$(bytes "$s")
         iters=$((b <= 65536 ? 2000 : b <= 4194304 ? 100 : 10))

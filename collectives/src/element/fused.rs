@@ -6,8 +6,8 @@
 //! flight, and while it streams the chunk out no read is. Beyond the caches that costs a
 //! fifth: on a 2026 Xeon (family 6 model 167) busbw's out-of-place sum of 256 MiB on two
 //! ranks took 30.3-31.6 ms chunked and 24.9-25.0 ms with loads and streaming stores
-//! interleaved a few lines at a time (`bench/peer/reduce_pattern.c`: 29.1-29.3 against
-//! 25.7-26.4 ms; BENCHMARKS.md, "The roofline"). Here the block reduced at once is four
+//! interleaved a few lines at a time (`bench/peer/reduce_pattern.c`, summing through a
+//! scratch buffer then: 29.1-29.3 against 25.7-26.4 ms; BENCHMARKS.md, "The roofline"). Here the block reduced at once is four
 //! cache lines: its values stay in registers, and each line goes to every output as soon as
 //! it is summed.
 //!
