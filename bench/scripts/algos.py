@@ -8,8 +8,13 @@ fastest fixed algorithm, and auto's time against it (auto/best within 1.10: auto
 well), with what auto chose. `default` in --algos runs without --algo (and NCCL_ALGO unset):
 the algorithm a user gets.
 
+Each size runs alone, with an iteration count calibrated first: one short probe of every
+algorithm, and the slowest one's time per operation sets a count that runs about --target
+seconds (at least 3, a tenth of it as warm-up), the same for all. A fixed count per sweep
+timed 8 bytes for a few hundred microseconds, where one preemption moved a run by a third.
+
 Usage: bench/scripts/algos.py [--reps 5] [--np 8] [--transport shm] [--algos ring,tree,rd,auto]
-                              [--rotate 8M] [--bin target/release/busbw]
+                              [--rotate 8M] [--target 0.15] [--bin target/release/busbw]
 """
 import argparse
 import os
@@ -17,15 +22,17 @@ import statistics
 import subprocess
 import sys
 
-# (first size, last size, -n iterations): small sizes need many iterations for a stable
-# time, large ones few (each 64 MiB op on 8 ranks takes a good fraction of a second here).
-SWEEPS = [("8", "32K", 200), ("256K", "16M", 10), ("64M", "64M", 3)]
+SIZES = ["8", "64", "512", "4K", "32K", "256K", "2M", "16M", "64M"]
+# Probe iterations per size: enough to leave the first, cold ones behind, few where one
+# operation takes milliseconds (a 64 MiB op on 8 ranks takes a good fraction of a second).
+PROBE = {"8": 200, "64": 200, "512": 200, "4K": 100, "32K": 50, "256K": 10, "2M": 5,
+         "16M": 2, "64M": 1}
 
 
-def run(a, algo, first, last, iters):
+def run(a, algo, size, iters):
     env = {k: v for k, v in os.environ.items() if k not in ("NCCL_ALGO", "RANK", "WORLD_SIZE")}
     cmd = [a.bin, "all_reduce_perf", "--np", str(a.np), "--transport", a.transport,
-           "-b", first, "-e", last, "-f", "8", "-n", str(iters), "-w", "2", "-c", "0",
+           "-b", size, "-e", size, "-n", str(iters), "-w", str(max(2, iters // 10)), "-c", "0",
            "--rotate", a.rotate]
     if algo != "default":
         cmd += ["--algo", algo]
@@ -46,21 +53,29 @@ def main():
     ap.add_argument("--transport", default="shm")
     ap.add_argument("--algos", default="ring,tree,rd,auto")
     ap.add_argument("--rotate", default="8M")
+    ap.add_argument("--target", type=float, default=0.15,
+                    help="seconds each timed run of a size should take (default 0.15)")
     ap.add_argument("--bin", default="target/release/busbw")
     a = ap.parse_args()
     algos = a.algos.split(",")
     if not os.path.exists(a.bin):
         sys.exit(f"{a.bin} not found: run `cargo build --release -p busbw` first")
+    iters = {}
+    for size in SIZES:
+        slowest = max(t for algo in algos for t, _ in run(a, algo, size, PROBE[size]).values())
+        iters[size] = max(3, round(a.target / (slowest * 1e-6)))
+    print("# iterations per size: " + ", ".join(f"{s} {n}" for s, n in iters.items()),
+          file=sys.stderr)
     times = {}   # (algo, size) -> [us]
     picks = {}   # size -> set of algorithms auto chose
     for rep in range(a.reps):
-        for first, last, iters in SWEEPS:
+        for size in SIZES:
             k = rep % len(algos)
             for algo in algos[k:] + algos[:k]:
-                for size, (t, chosen) in run(a, algo, first, last, iters).items():
-                    times.setdefault((algo, size), []).append(t)
+                for b, (t, chosen) in run(a, algo, size, iters[size]).items():
+                    times.setdefault((algo, b), []).append(t)
                     if algo == "auto":
-                        picks.setdefault(size, set()).add(chosen)
+                        picks.setdefault(b, set()).add(chosen)
         print(f"# rep {rep + 1}/{a.reps} done", file=sys.stderr)
     sizes = sorted({s for _, s in times})
     fixed = [al for al in algos if al not in ("auto", "default")]
