@@ -176,29 +176,33 @@ openmpi() { # target transport
     bash "$HERE/vs-openmpi.sh" --no-build --pairs "$pairs" --np "$nps" --transports "$tr" \
         --sizes "$sizes" >"$LOGS/$t.log" 2>&1
     local rc=$?
-    # rows: np tr size-label iters | us GB/s | us GB/s | ratio spread
-    awk -F'|' 'NF >= 4 && $1 ~ /^[0-9]+ +(shm|tcp) / {
-        split($1, a, " "); split($2, b, " "); split($3, o, " "); split($4, r, " ")
+    # rows: np tr size-label iters | us GB/s | us GB/s | ratio spread | ip: us us ratio spread
+    # -> np, label, bytes, ratio, spread, busbw us, ompi us, in-place ratio
+    awk -F'|' 'NF >= 5 && $1 ~ /^[0-9]+ +(shm|tcp) / {
+        split($1, a, " "); split($2, b, " "); split($3, o, " "); split($4, r, " "); split($5, i, " ")
         f = a[4] == "MiB" ? 1048576 : (a[4] == "KiB" ? 1024 : 1)
-        printf "%s\t%s %s\t%d\t%s\t%s\t%s\t%s\n", a[1], a[3], a[4], a[3] * f, r[1], r[2], b[1], o[1]
+        printf "%s\t%s %s\t%d\t%s\t%s\t%s\t%s\t%s\n", a[1], a[3], a[4], a[3] * f, r[1], r[2], b[1], o[1], i[3]
     }' "$LOGS/$t.log" >"$LOGS/$t.rows"
     [[ -s $LOGS/$t.rows ]] || { fail "$t" "$rc"; return; }
     local ver
     ver=$(sed -n 's/^# openmpi: mpirun (Open MPI) \([0-9.]*\).*/\1/p' "$LOGS/$t.log")
     [[ -n $ver ]] && PEER[$t]=${PEER[$t]/OpenMPI/OpenMPI $ver}
-    # per rank count: worst ratio, worst from 256 KiB, the 8 B times; and the verdict
+    # per rank count: worst ratio, worst from 256 KiB, the 8 B times, the worst in place; and
+    # the verdict (out of place, issue 20's goal)
     FIG[$t]=$(awk -F'\t' -v tr="$tr" '
         { n = $1; if (!(n in seen)) { seen[n] = 1; order[++k] = n }
           if ($4 != "NA") {
               if (!(n in lo) || $4 + 0 < lo[n]) { lo[n] = $4 + 0; los[n] = $4; lat[n] = $2 }
               if ($3 >= 262144 && (!(n in big) || $4 + 0 < big[n])) { big[n] = $4 + 0; bigs[n] = $4; bigat[n] = $2 }
           } else na[n]++
+          if ($8 != "NA" && (!(n in ilo) || $8 + 0 < ilo[n])) { ilo[n] = $8 + 0; ilos[n] = $8; ilat[n] = $2 }
           if ($3 == 8) small[n] = sprintf(", 8 B %s vs %s us", $6, $7) }
         END {
             for (i = 1; i <= k; i++) {
                 n = order[i]
                 s = s (i > 1 ? "; " : "") "n=" n ": worst " (n in lo ? los[n] " at " lat[n] : "NA")
                 if (n in big) s = s ", from 256 KiB worst " bigs[n] " at " bigat[n]
+                if (n in ilo) s = s ", in place worst " ilos[n] " at " ilat[n]
                 s = s small[n] (na[n] ? ", " na[n] " sizes failed" : "")
                 if (tr == "shm" || n == 2) {
                     ok = (n in lo) && !na[n] && lo[n] >= 1.0 && (tr != "shm" || !(n in big) || big[n] >= 1.3)
@@ -210,9 +214,9 @@ openmpi() { # target transport
     DETAIL[$t]=$(awk -F'\t' -v t="$t" '
         { n = $1; if (!(n in seen)) { seen[n] = 1; ns[++k] = n }
           if (!($3 in sz)) { sz[$3] = $2; sizes[++m] = $3 }
-          cell[n, $3] = $4 ($5 != "NA" ? " (" $5 ")" : "") }
+          cell[n, $3] = $4 ($5 != "NA" ? " (" $5 ")" : "") ", in place " $8 }
         END {
-            printf "%s: busbw/OpenMPI busbw per size, median of the pairs (spread)\n\n| size |", t
+            printf "%s: busbw/OpenMPI busbw per size, median of the pairs (spread), out of place then in place\n\n| size |", t
             for (i = 1; i <= k; i++) printf " n=%s |", ns[i]
             printf "\n|---:|"; for (i = 1; i <= k; i++) printf "---|"; printf "\n"
             for (j = 1; j <= m; j++) {

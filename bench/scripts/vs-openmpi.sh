@@ -4,7 +4,8 @@
 # Builds the peer benchmark bench/peer/mpi_allreduce.c with mpicc and the memcpy reference
 # bench/peer/memcpy_bw.c with cc (into target/peer/, never committed), builds busbw release if
 # needed, then for every case (ranks x transport) and size runs busbw and the peer
-# ALTERNATELY, busbw first (A B A B ...), PAIRS pairs.  Both do float32 sum, out-of-place, the
+# ALTERNATELY, busbw first (A B A B ...), PAIRS pairs.  Both do float32 sum, out of place and
+# then in place (nccl-tests' two columns; the peer with -i 1, MPI_IN_PLACE), the
 # same bytes, the same -n and -w, and both report the time as the MAX over ranks of the mean
 # per-op time (busbw with -a 3; the peer does MPI_Allreduce MAX of its per-rank time), so
 # busbw = bytes/1e9/time * 2(n-1)/n is computed the same way on both sides.
@@ -13,7 +14,8 @@
 #   tcp: busbw --transport tcp   vs  mpirun --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo
 #
 # Prints per case and size the median busbw of each, the ratio busbw/openmpi of the medians and
-# the spread (min..max of the per-pair ratios), plus, measured in the same run as the physical
+# the spread (min..max of the per-pair ratios), out of place, then the same ratio and spread in
+# place, plus, measured in the same run as the physical
 # references, a single-core memcpy bandwidth, iperf3's TCP loopback goodput and the floor of
 # a two-process 8-byte exchange over TCP loopback (bench/peer/tcp_exchange.c: one socket for
 # both directions, and one per direction as busbw's TCP transport has them).  The peer
@@ -65,7 +67,7 @@ while (($#)); do
     --raw) RAW=$2; shift 2 ;;
     --rt) RT=(chrt -f 1); shift ;;
     --rotate) ROTATE=$2; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "vs-openmpi.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -132,21 +134,21 @@ RESULTS=$(mktemp)
 trap 'rm -f "$RESULTS"' EXIT
 FAILS=0
 
-run_busbw() { # np transport bytes iters warmup -> "time busbw" (out-of-place)
+run_busbw() { # np transport bytes iters warmup -> "time busbw ip_time ip_busbw"
     local out
     out=$("${RT[@]}" "$BUSBW" all_reduce_perf --np "$1" --transport "$2" -b "$3" -e "$3" -f 2 \
         -n "$4" -w "$5" -c 0 -a "$AVG" --algo "$ALGO" --rotate "$ROTATE" 2>&1) || { echo "busbw failed: $out" >&2; return 1; }
-    awk '$0 !~ /^[[:space:]]*#/ && NF >= 8 { print $6, $8; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
+    awk '$0 !~ /^[[:space:]]*#/ && NF >= 12 { print $6, $8, $10, $12; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "busbw: no data row in: $out" >&2; return 1; }
 }
-run_peer() { # np transport bytes iters warmup -> "time busbw"
+run_peer() { # np transport bytes iters warmup -> "time busbw ip_time ip_busbw"
     local btl
     if [[ $2 == shm ]]; then btl=(--mca pml ob1 --mca btl self,vader)
     else btl=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo); fi
     local out
-    out=$("${RT[@]}" "${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" -r "$(to_bytes "$ROTATE")" 2>&1) \
+    out=$("${RT[@]}" "${MPIRUN[@]}" -np "$1" "${btl[@]}" "$PEER" -b "$3" -e "$3" -f 2 -n "$4" -w "$5" -r "$(to_bytes "$ROTATE")" -i 1 2>&1) \
         || { echo "peer failed (rc $?): $out" >&2; return 1; }
-    awk '$0 !~ /^[[:space:]]*#/ && NF >= 6 { print $3, $5; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
+    awk '$0 !~ /^[[:space:]]*#/ && NF >= 10 { print $3, $5, $7, $9; found=1; exit } END { if (!found) exit 1 }' <<<"$out" \
         || { echo "peer: no data row in: $out" >&2; return 1; }
 }
 
@@ -208,8 +210,8 @@ for np in $NPS; do
             for s in $SIZES; do
                 b=$(to_bytes "$s")
                 read -r n w <<<"${ITERS[$np $tr $b]}"
-                if a=$(run_busbw "$np" "$tr" "$b" "$n" "$w"); then :; else a="NA NA"; FAILS=$((FAILS + 1)); fi
-                if o=$(run_peer "$np" "$tr" "$b" "$n" "$w"); then :; else o="NA NA"; FAILS=$((FAILS + 1)); fi
+                if a=$(run_busbw "$np" "$tr" "$b" "$n" "$w"); then :; else a="NA NA NA NA"; FAILS=$((FAILS + 1)); fi
+                if o=$(run_peer "$np" "$tr" "$b" "$n" "$w"); then :; else o="NA NA NA NA"; FAILS=$((FAILS + 1)); fi
                 echo "$np $tr $b $p $n $a $o" >>"$RESULTS"
             done
         done
@@ -217,12 +219,12 @@ for np in $NPS; do
     done
 done
 
-[[ -n $RAW ]] && { echo "# np transport bytes pair iters busbw_time_us busbw_GBps ompi_time_us ompi_GBps"; cat "$RESULTS"; } >"$RAW"
+[[ -n $RAW ]] && { echo "# np transport bytes pair iters busbw_time_us busbw_GBps busbw_ip_time_us busbw_ip_GBps ompi_time_us ompi_GBps ompi_ip_time_us ompi_ip_GBps"; cat "$RESULTS"; } >"$RAW"
 
 echo
-printf '%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s\n' \
-    np tr size iters "busbw us" "busbw GB/s" "ompi us" "ompi GB/s" ratio "spread"
-printf '%s\n' "-------------------------------------------------------------------------------------------------------------"
+printf '%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s | %12s %12s %7s %13s\n' \
+    np tr size iters "busbw us" "busbw GB/s" "ompi us" "ompi GB/s" ratio "spread" "ip busbw us" "ip ompi us" "ip ratio" "ip spread"
+printf '%s\n' "-------------------------------------------------------------------------------------------------------------------------------------------------------"
 for np in $NPS; do
     for tr in $TRANSPORTS; do
         for s in $SIZES; do
@@ -234,14 +236,18 @@ for np in $NPS; do
                 }
                 # busbw in GB/s recomputed from the time column (busbw prints only 2 decimals)
                 function bw(t) { return b / 1e9 / (t * 1e-6) * 2 * (np - 1) / np }
+                # fields: np tr bytes pair iters | busbw: time GB/s ip_time ip_GB/s | ompi: the same
                 $1 == np && $2 == tr && $3 == b {
                     iters = $5
-                    if ($6 != "NA") { at[++ka] = $6; ab[ka] = bw($6) }
-                    if ($8 != "NA") { ot[++ko] = $8; ob[ko] = bw($8) }
-                    if ($6 != "NA" && $8 != "NA" && $6 > 0) {
-                        r = $8 / $6; kr++      # busbw ratio = inverse time ratio (same bytes, same factor)
+                    if ($6 != "NA") { at[++ka] = $6; ab[ka] = bw($6); ait[ka] = $8; aib[ka] = bw($8) }
+                    if ($10 != "NA") { ot[++ko] = $10; ob[ko] = bw($10); oit[ko] = $12; oib[ko] = bw($12) }
+                    if ($6 != "NA" && $10 != "NA" && $6 > 0 && $8 > 0) {
+                        r = $10 / $6; kr++      # busbw ratio = inverse time ratio (same bytes, same factor)
                         if (kr == 1 || r < rmin) rmin = r
                         if (kr == 1 || r > rmax) rmax = r
+                        r = $12 / $8
+                        if (kr == 1 || r < imin) imin = r
+                        if (kr == 1 || r > imax) imax = r
                     }
                 }
                 END {
@@ -249,14 +255,19 @@ for np in $NPS; do
                     mot = ko ? median(ot, ko) : "NA"; vob = ko ? median(ob, ko) : 0; mob = ko ? sprintf("%.4g", vob) : "NA"
                     ratio = (ka && ko && vob > 0) ? sprintf("%.2f", vab / vob) : "NA"
                     spread = kr ? sprintf("%.2f..%.2f", rmin, rmax) : "NA"
-                    printf "%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s\n", np, tr, label, iters, mat, mab, mot, mob, ratio, spread
+                    mait = ka ? median(ait, ka) : "NA"; viab = ka ? median(aib, ka) : 0
+                    moit = ko ? median(oit, ko) : "NA"; viob = ko ? median(oib, ko) : 0
+                    iratio = (ka && ko && viob > 0) ? sprintf("%.2f", viab / viob) : "NA"
+                    ispread = kr ? sprintf("%.2f..%.2f", imin, imax) : "NA"
+                    printf "%-4s %-4s %9s %6s | %12s %12s | %12s %12s | %7s %13s | %12s %12s %7s %13s\n", np, tr, label, iters, mat, mab, mot, mob, ratio, spread, mait, moit, iratio, ispread
                 }' "$RESULTS"
         done
     done
 done
 echo
 echo "# GB/s = busbw recomputed from the out-of-place time (bytes/1e9/time x 2(n-1)/n); us = median time (max over ranks)
-# ratio = median busbw(busbw) / median busbw(openmpi), >1 means busbw is faster; spread = min..max of per-pair ratios"
+# ratio = median busbw(busbw) / median busbw(openmpi), >1 means busbw is faster; spread = min..max of per-pair ratios
+# ip: the same in place (the median in-place times, then ratio and spread)"
 echo "# memcpy reference: best $mbest GB/s, median $mmed GB/s on one core; iperf3 TCP loopback: $IPERF Gbit/s"
 echo "# TCP 8 B exchange floor: $X1 us (one socket), $X2 us (one socket per direction)"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg); wall $(( $(date +%s) - START )) s; failed runs: $FAILS"
