@@ -108,6 +108,17 @@ typedef __m128 vec;
 #endif
 #define BLOCK_FLOATS 64 /* 256 bytes: four lines */
 
+/* As busbw's streaming pass: the lines of the `len` floats AHEAD of `at` in every input asked
+ * for into L2, where the slice of `per` floats still has them. */
+static void prefetch_ahead(float **in, int np, size_t at, size_t len, size_t per)
+{
+    if (at + AHEAD + len >= per)
+        return;
+    for (int p = 0; p < np; p++)
+        for (size_t l = 0; l < len; l += 16)
+            _mm_prefetch((const char *)(in[p] + at + AHEAD + l), _MM_HINT_T1);
+}
+
 /* The default 256-byte block, as busbw's fused kernel: the block's sums stay in registers and
  * go to every output from there, so no scratch line is written and read back. Returns where
  * the whole blocks end. */
@@ -115,10 +126,8 @@ static size_t pass_regs(float **in, float **out, int np, size_t per, int stream)
 {
     size_t at = 0;
     for (; at + BLOCK_FLOATS <= per; at += BLOCK_FLOATS) {
-        if (stream && at + AHEAD + BLOCK_FLOATS < per)
-            for (int p = 0; p < np; p++)
-                for (size_t l = 0; l < BLOCK_FLOATS; l += 16)
-                    _mm_prefetch((const char *)(in[p] + at + AHEAD + l), _MM_HINT_T1);
+        if (stream)
+            prefetch_ahead(in, np, at, BLOCK_FLOATS, per);
         vec v[BLOCK_FLOATS / VW];
         for (int k = 0; k < BLOCK_FLOATS / VW; k++)
             v[k] = VADD(VLOAD(in[0] + at + k * VW), VLOAD(in[1] + at + k * VW));
@@ -144,11 +153,8 @@ static void pass(float **in, float **out, int np, size_t per, size_t block, int 
     size_t start = block == BLOCK_FLOATS ? pass_regs(in, out, np, per, stream) : 0;
     for (size_t at = start; at < per; at += block) {
         size_t len = per - at < block ? per - at : block;
-        /* As busbw's streaming pass: the inputs' lines 1 KiB ahead asked for into L2. */
-        if (stream && at + AHEAD + len < per)
-            for (int p = 0; p < np; p++)
-                for (size_t l = 0; l < len; l += 16)
-                    _mm_prefetch((const char *)(in[p] + at + AHEAD + l), _MM_HINT_T1);
+        if (stream)
+            prefetch_ahead(in, np, at, len, per);
         for (size_t i = 0; i < len; i++)
             acc[i] = in[0][at + i] + in[1][at + i];
         for (int p = 2; p < np; p++)

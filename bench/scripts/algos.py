@@ -22,11 +22,11 @@ import statistics
 import subprocess
 import sys
 
-SIZES = ["8", "64", "512", "4K", "32K", "256K", "2M", "16M", "64M"]
-# Probe iterations per size: enough to leave the first, cold ones behind, few where one
-# operation takes milliseconds (a 64 MiB op on 8 ranks takes a good fraction of a second).
-PROBE = {"8": 200, "64": 200, "512": 200, "4K": 100, "32K": 50, "256K": 10, "2M": 5,
-         "16M": 2, "64M": 1}
+# Sizes, each with its probe's iterations: enough to leave the first, cold ones behind, few
+# where one operation takes milliseconds (a 64 MiB op on 8 ranks takes a good fraction of a
+# second).
+SIZES = [("8", 200), ("64", 200), ("512", 200), ("4K", 100), ("32K", 50), ("256K", 10),
+         ("2M", 5), ("16M", 2), ("64M", 1)]
 
 
 def run(a, algo, size, iters):
@@ -61,15 +61,15 @@ def main():
     if not os.path.exists(a.bin):
         sys.exit(f"{a.bin} not found: run `cargo build --release -p busbw` first")
     iters = {}
-    for size in SIZES:
-        slowest = max(t for algo in algos for t, _ in run(a, algo, size, PROBE[size]).values())
+    for size, probe in SIZES:
+        slowest = max(t for algo in algos for t, _ in run(a, algo, size, probe).values())
         iters[size] = max(3, round(a.target / (slowest * 1e-6)))
     print("# iterations per size: " + ", ".join(f"{s} {n}" for s, n in iters.items()),
           file=sys.stderr)
     times = {}   # (algo, size) -> [us]
     picks = {}   # size -> set of algorithms auto chose
     for rep in range(a.reps):
-        for size in SIZES:
+        for size, _ in SIZES:
             k = rep % len(algos)
             for algo in algos[k:] + algos[:k]:
                 for b, (t, chosen) in run(a, algo, size, iters[size]).items():

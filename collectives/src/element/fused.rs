@@ -20,7 +20,7 @@
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use super::{max, min, premul, Element, Simd};
+use super::{max, min, premul, Element, Simd, LINE};
 use crate::dtype::{DataType, ReduceOp};
 
 /// Bytes reduced at a time: four lines, 256 bytes (the measured sweet spot of the pattern:
@@ -30,8 +30,6 @@ const BLOCK: usize = 256;
 /// faster at 256 MiB and 5-23 % at 64 MiB at 1 KiB than without (2 ranks, 2026-12-05, two
 /// sessions of three rounds alternating; 2 KiB no better). In place it gained nothing, so only streaming passes prefetch.
 const AHEAD: usize = 1024;
-/// The line every streaming store fills whole.
-const LINE: usize = 64;
 
 /// One rank's share of a fused pass: elements `lo..hi` of every input, reduced in input
 /// order, go into the same elements of every output, with streaming stores when `stream`

@@ -21,6 +21,9 @@ mod simd;
 mod x86;
 
 pub use fp8::{F8E4M3, F8E5M2};
+/// A cache line, on every CPU busbw runs on: the unit of streaming stores, of alignment, and
+/// of the lines ranks must not share.
+pub(crate) const LINE: usize = 64;
 pub use fused::{reduce_to_all, reduce_to_all_simd, Pass};
 /// Re-exported so `with_dtype!` and callers can name the 16-bit types without depending on
 /// `half` themselves.

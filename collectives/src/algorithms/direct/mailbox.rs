@@ -15,7 +15,7 @@
 
 use super::window::{self, Key, Mapping};
 use crate::dtype::ReduceOp;
-use crate::element::Element;
+use crate::element::{Element, LINE};
 use crate::error::CommError;
 use crate::link::{Communicator, Waiter};
 use crate::HostBuffer;
@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const MAX_BYTES: usize = 8 << 10;
 /// The sequence word, at the head of a slot.
 const HEAD: usize = 8;
-const LINE: usize = 64;
 /// A slot: the sequence word's line, then room for the largest message ([`data_offset`]).
 const SLOT: usize = LINE + MAX_BYTES;
 /// The sequence word: the call's number in the low bits, its byte count above.

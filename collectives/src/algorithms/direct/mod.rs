@@ -25,7 +25,7 @@ pub(crate) mod window;
 use crate::algorithms::grouped::{exchange, Xfer};
 use crate::algorithms::ring;
 use crate::dtype::{DataType, ReduceOp};
-use crate::element::{self, Element};
+use crate::element::{self, Element, LINE};
 use crate::engine::data::{bytes_of, Data};
 use crate::error::CommError;
 use crate::link::Communicator;
@@ -57,8 +57,6 @@ const CHUNK_BYTES: usize = 16 << 10;
 const STREAM_MIN_BYTES: usize = 256 << 10;
 /// A core's L2 where sysfs does not say: the smallest of current server cores'.
 const L2_GUESS: usize = 1 << 20;
-/// Slices start on cache lines, so that no two ranks write one line.
-const LINE: usize = 64;
 /// Channel of the exchanges: the ring's. Calls never overlap, so sharing it is safe.
 const CHANNEL: u32 = 0;
 
@@ -337,7 +335,8 @@ pub(crate) unsafe fn all_to_all_rows<E: Copy>(
     )
 }
 
-/// This rank's slice `[lo, hi)` of `count` elements of `esize` bytes among `n` ranks.
+/// This rank's slice `[lo, hi)` of `count` elements of `esize` bytes among `n` ranks. Slices
+/// start on cache lines, so that no two ranks write one line.
 pub(crate) fn slice(count: usize, esize: usize, n: usize, rank: usize) -> (usize, usize) {
     let align = (LINE / esize).max(1);
     let per = count.div_ceil(n).div_ceil(align) * align;
